@@ -1,0 +1,1 @@
+"""Model cards and Hub publishing."""

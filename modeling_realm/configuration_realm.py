@@ -1,0 +1,101 @@
+"""REALM configuration: every field of the transformers 4.x `RealmConfig`, with the same defaults."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+
+@strict
+class RealmConfig(PreTrainedConfig):
+    r"""
+    Configuration of the REALM models (embedder, scorer, knowledge-augmented encoder, reader and open-QA model).
+
+    The BERT fields (`vocab_size` … `layer_norm_eps`) size the shared BERT encoder. REALM adds:
+    - `retriever_proj_size`: width of the retrieval embedding (128 in the published checkpoints).
+    - `num_candidates`: documents per masked query in pre-training (K). The models read the actual count from their
+      inputs; this value is only a default for data pipelines.
+    - `span_hidden_size`, `max_span_width`, `reader_layer_norm_eps`: the reader's span scorer.
+    - `reader_beam_size`: blocks the reader reads per question; `searcher_beam_size`: blocks retrieved per question
+      in training mode (the retriever loss is computed over all of them); `reader_seq_len`: length of the reader input
+      `[CLS] question [SEP] block [SEP]`.
+    - `num_block_records`: size of the knowledge corpus the checkpoint was trained with (informational).
+
+    `pad_token_id=1` is kept as published (the BERT vocabulary's `[PAD]` is 0): it only decides which embedding row
+    gets no gradient, and keeping it lets the Hub configs round-trip unchanged. Unknown keys of legacy configs
+    (`searcher_seq_len`, `use_scann`, …) are accepted and kept as attributes.
+    """
+
+    model_type = "realm"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    retriever_proj_size: int = 128
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_candidates: int = 8
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu_new"
+    hidden_dropout_prob: float | int = 0.1
+    attention_probs_dropout_prob: float | int = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float | int = 0.02
+    layer_norm_eps: float | int = 1e-12
+    span_hidden_size: int = 256
+    max_span_width: int = 10
+    reader_layer_norm_eps: float | int = 1e-3
+    reader_beam_size: int = 5
+    reader_seq_len: int = 320
+    num_block_records: int = 13353718
+    searcher_beam_size: int = 5000
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | None = 2
+    # Read by transformers' BERT modules, which REALM's encoders are built from.
+    use_cache: bool = True
+    is_decoder: bool = False
+    add_cross_attention: bool = False
+    tie_word_embeddings: bool = True
+
+    @property
+    def custom_pipelines(self) -> dict:
+        """The `custom_pipelines` entry saved for environments without openrealm (Hub custom code).
+
+        Where openrealm is imported, its own registered question-answering pipeline serves these checkpoints, so the
+        entry is hidden: otherwise transformers would insist on trust_remote_code for a folder openrealm can run.
+        """
+        if openrealm_pipeline_registered():
+            return {}
+        return self.__dict__.get("_hub_custom_pipelines", {})
+
+    @custom_pipelines.setter
+    def custom_pipelines(self, value: dict) -> None:
+        self.__dict__["_hub_custom_pipelines"] = value
+
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        hub_custom_pipelines = output.pop("_hub_custom_pipelines", None)
+        if hub_custom_pipelines:
+            output["custom_pipelines"] = hub_custom_pipelines
+        return output
+
+    def validate_architecture(self):
+        """Reject sizes no model can be built with (called by `strict` on init)."""
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        for name in ("reader_beam_size", "searcher_beam_size", "max_span_width", "retriever_proj_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+def openrealm_pipeline_registered() -> bool:
+    """True when openrealm's question-answering pipeline is registered with transformers in this process."""
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    impl = PIPELINE_REGISTRY.supported_tasks.get("question-answering", {}).get("impl")
+    return getattr(impl, "__name__", "") == "RealmQuestionAnsweringPipeline"
+
+
+__all__ = ["RealmConfig"]

@@ -1,0 +1,67 @@
+"""One-call conversion of a transformers 4.x REALM folder to the OpenREALM layout.
+
+    openrealm.convert_legacy_folder("realm-orqa-nq-openqa", "realm-orqa-nq-openqa-converted")
+
+Weights become safetensors (tied aliases and the `block_emb` weight dropped), `block_records.npy` becomes the
+memory-mapped `block_records.safetensors` (read without unpickling), `block_emb` becomes `block_index/`, and the
+folder gains the tokenizer files and the Hub custom code.
+"""
+
+import os
+import shutil
+import tempfile
+
+from transformers import AutoTokenizer
+
+from .configuration_realm import RealmConfig
+from .index_realm import RealmBlockIndex
+from .modeling_realm import (
+    RealmEmbedder,
+    RealmForOpenQA,
+    RealmKnowledgeAugEncoder,
+    RealmReader,
+    RealmScorer,
+)
+
+MODEL_CLASSES = {
+    cls.__name__: cls for cls in (RealmEmbedder, RealmScorer, RealmKnowledgeAugEncoder, RealmReader, RealmForOpenQA)
+}
+
+
+def convert_legacy_folder(
+    source: str | os.PathLike, destination: str | os.PathLike, index_type: str = "exact", **index_params
+) -> str:
+    """Convert `source` (local folder or Hub id) into `destination` (written atomically); returns destination.
+
+    The model class comes from config.architectures. For an open-QA folder, `index_type` / `index_params` choose
+    the MIPS index built over the legacy block embeddings (default: exact, as the 4.x port searched).
+    """
+    config = RealmConfig.from_pretrained(source)
+    architecture = next((name for name in (config.architectures or []) if name in MODEL_CLASSES), None)
+    if architecture is None:
+        raise ValueError(
+            f"{source}: config.architectures {config.architectures} names no REALM class ({', '.join(MODEL_CLASSES)})."
+        )
+    model = MODEL_CLASSES[architecture].from_pretrained(source)
+    retriever = getattr(model, "retriever", None)
+    if retriever is not None and index_type != "exact":
+        retriever.swap_index(RealmBlockIndex.build(retriever.index.block_emb, index_type=index_type, **index_params))
+
+    destination = os.path.abspath(os.fspath(destination))
+    parent = os.path.dirname(destination)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".convert-", dir=parent)
+    try:
+        model.save_pretrained(staging)
+        if retriever is None:
+            AutoTokenizer.from_pretrained(source).save_pretrained(staging)
+        if os.path.exists(destination):
+            raise FileExistsError(f"{destination} already exists; choose a new destination.")
+        os.replace(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return destination
+
+
+__all__ = ["convert_legacy_folder"]

@@ -1,0 +1,504 @@
+"""Maximum-inner-product search (MIPS) over REALM block embeddings.
+
+`RealmBlockIndex` holds the block embeddings [num_blocks, dim] and answers top-k inner-product queries, either exactly
+with torch (`index_type="exact"`, any torch device, chunked over blocks so memory stays O(Q * chunk_size)) or with a
+FAISS index ("flat" exact, "ivf" / "hnsw" / "ivfpq" / "pq" approximate). Whatever finds the candidates, the returned
+scores are always recomputed exactly from the embeddings, as Google's ORQA code does after ScaNN.
+
+This file is also shipped as Hugging Face custom code, so it needs only torch, numpy and safetensors; faiss is optional
+and only required by the faiss index types. Nothing is pickled: embeddings are stored as safetensors (and memory-mapped
+on load), faiss indexes in faiss's own binary format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+try:
+    import faiss
+except ImportError:  # exact search must keep working with only torch installed
+    faiss = None
+
+INDEX_TYPES = ("exact", "flat", "ivf", "hnsw", "ivfpq", "pq")
+INDEX_CONFIG_NAME = "index_config.json"
+BLOCK_EMB_NAME = "block_emb.safetensors"
+FAISS_INDEX_NAME = "faiss.index"
+FORMAT_VERSION = 1
+DEFAULT_CHUNK_SIZE = 2**18  # blocks scored per matmul: bounds memory to Q * chunk_size floats
+
+# Parameters each index type accepts (all ints). None = filled in by _resolve_params from the data size.
+_PARAM_DEFAULTS = {
+    "exact": {"chunk_size": DEFAULT_CHUNK_SIZE},
+    "flat": {},
+    "ivf": {"nlist": None, "nprobe": 32, "train_size": None, "rerank": 1, "seed": 0},
+    "hnsw": {"m": 32, "ef_construction": 80, "ef_search": 64, "rerank": 1},
+    "ivfpq": {"nlist": None, "nprobe": 32, "pq_m": None, "pq_bits": 8, "train_size": None, "rerank": 10, "seed": 0},
+    "pq": {"pq_m": None, "pq_bits": 8, "train_size": None, "rerank": 10, "seed": 0},
+}
+# faiss class each type must load as, so a config/index mix-up is caught at load time.
+_FAISS_CLASSES = {
+    "flat": "IndexFlat", "ivf": "IndexIVFFlat", "hnsw": "IndexHNSW", "ivfpq": "IndexIVFPQ", "pq": "IndexPQ"
+}
+# safetensors dtype -> (numpy dtype to memory-map, torch dtype to view it as); numpy has no bfloat16.
+_ST_DTYPES = {
+    "F32": (np.float32, torch.float32), "F16": (np.float16, torch.float16), "BF16": (np.int16, torch.bfloat16)
+}
+
+
+def _require_faiss(index_type: str) -> None:
+    if faiss is None:
+        raise ImportError(f"index type '{index_type}' needs faiss: pip install faiss-cpu (or faiss-gpu)")
+
+
+def torch_exact_search(
+    block_emb: torch.Tensor, query_emb: torch.Tensor, k: int, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k inner products. block_emb [N, D], query_emb [Q, D] -> (scores [Q, k] float32, ids [Q, k] int64).
+
+    Runs on block_emb's device and returns on query_emb's device. Blocks are scored chunk_size rows at a time and the
+    per-chunk top-k merged, so the [Q, N] score matrix (Q=64, N=13M: 3.4 GB) is never materialised.
+    """
+    num_blocks = block_emb.shape[0]
+    if not 1 <= k <= num_blocks:
+        raise ValueError(f"k must be in [1, num_blocks={num_blocks}], got k={k}")
+    q = query_emb.detach().to(block_emb.device, block_emb.dtype)
+    # One reusable score buffer: allocating (and page-faulting) a fresh one per chunk costs more than the top-k.
+    buffer = torch.empty(q.shape[0] * min(chunk_size, num_blocks), dtype=block_emb.dtype, device=block_emb.device)
+    best_scores = best_ids = None
+    with torch.no_grad():
+        for start in range(0, num_blocks, chunk_size):
+            chunk = block_emb[start : start + chunk_size]
+            scores = torch.mm(q, chunk.T, out=buffer[: q.shape[0] * chunk.shape[0]].view(q.shape[0], chunk.shape[0]))
+            top_scores, top_ids = scores.topk(min(k, chunk.shape[0]), dim=1)
+            top_scores, top_ids = top_scores.float(), top_ids + start
+            if best_scores is not None:
+                top_scores, top_ids = torch.cat([best_scores, top_scores], 1), torch.cat([best_ids, top_ids], 1)
+                top_scores, order = top_scores.topk(k, dim=1)
+                top_ids = top_ids.gather(1, order)
+            best_scores, best_ids = top_scores, top_ids
+    return best_scores.to(query_emb.device), best_ids.to(query_emb.device)
+
+
+class RealmBlockIndex:
+    """MIPS over block embeddings [num_blocks, dim]. index_type 'exact' = torch matmul + top-k (works on any torch
+    device); 'flat' = faiss IndexFlatIP (exact); 'ivf', 'hnsw', 'ivfpq', 'pq' = approximate faiss indexes."""
+
+    def __init__(
+        self,
+        block_emb: torch.Tensor,
+        index_type: str = "exact",
+        version: int = 0,
+        faiss_index=None,
+        params: dict | None = None,
+    ):
+        if index_type not in INDEX_TYPES:
+            raise ValueError(f"unknown index_type '{index_type}', expected one of {INDEX_TYPES}")
+        if not isinstance(block_emb, torch.Tensor) or block_emb.dim() != 2 or not block_emb.is_floating_point():
+            shape = tuple(block_emb.shape) if hasattr(block_emb, "shape") else type(block_emb).__name__
+            raise ValueError(f"block_emb must be a 2-D float tensor [num_blocks, dim], got {shape}")
+        if block_emb.shape[0] < 1 or block_emb.shape[1] < 1:
+            raise ValueError(f"block_emb must be non-empty, got shape {tuple(block_emb.shape)}")
+        if index_type == "exact" and faiss_index is not None:
+            raise ValueError("index_type 'exact' does not use a faiss index; pass faiss_index=None")
+        if index_type != "exact":
+            _require_faiss(index_type)
+            if faiss_index is None:
+                raise ValueError(f"index type '{index_type}' needs a faiss index: use RealmBlockIndex.build()")
+            if faiss_index.ntotal != block_emb.shape[0] or faiss_index.d != block_emb.shape[1]:
+                raise ValueError(
+                    f"faiss index holds {faiss_index.ntotal} x {faiss_index.d} vectors but block_emb is "
+                    f"{block_emb.shape[0]} x {block_emb.shape[1]}"
+                )
+        self.block_emb = block_emb
+        self.index_type = index_type
+        self.version = int(version)
+        self.faiss_index = faiss_index
+        self.params = dict(params or {})
+        self._mmap = None  # the np.memmap behind block_emb when loaded by from_pretrained
+        self._gpu_resources = None  # faiss StandardGpuResources; must outlive the GPU index
+        self._faiss_gpu = None  # GPU ordinal of the faiss index, None on CPU
+        self._apply_search_params()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_emb.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.block_emb.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.block_emb.device
+
+    @property
+    def is_memory_mapped(self) -> bool:
+        """True when block_emb is a view of the memory-mapped safetensors file (nothing copied into RAM)."""
+        return self._mmap is not None and self.block_emb.data_ptr() == self._mmap.ctypes.data
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+    def __repr__(self) -> str:
+        return (
+            f"RealmBlockIndex(index_type='{self.index_type}', num_blocks={self.num_blocks}, dim={self.dim}, "
+            f"version={self.version}, device={self.device}, params={self.params})"
+        )
+
+    @classmethod
+    def build(
+        cls, block_emb: torch.Tensor | np.ndarray, index_type: str = "exact", version: int = 0, **params
+    ) -> RealmBlockIndex:
+        """Build an index over block_emb [num_blocks, dim]. See _PARAM_DEFAULTS for each type's parameters."""
+        if index_type not in INDEX_TYPES:
+            raise ValueError(f"unknown index_type '{index_type}', expected one of {INDEX_TYPES}")
+        if isinstance(block_emb, np.ndarray):
+            block_emb = torch.from_numpy(block_emb)
+        if not isinstance(block_emb, torch.Tensor) or block_emb.dim() != 2 or not block_emb.is_floating_point():
+            shape = tuple(block_emb.shape) if hasattr(block_emb, "shape") else type(block_emb).__name__
+            raise ValueError(f"block_emb must be a 2-D float array [num_blocks, dim], got {shape}")
+        block_emb = block_emb.detach().contiguous()
+        _check_finite(block_emb)
+        params = _resolve_params(index_type, block_emb.shape[0], block_emb.shape[1], params)
+        faiss_index = None if index_type == "exact" else _build_faiss(block_emb, index_type, params)
+        return cls(block_emb, index_type=index_type, version=version, faiss_index=faiss_index, params=params)
+
+    def set_search_params(self, **params) -> RealmBlockIndex:
+        """Change search-time knobs (nprobe, ef_search, rerank, chunk_size) without rebuilding."""
+        allowed = {"nprobe", "ef_search", "rerank", "chunk_size"} & set(_PARAM_DEFAULTS[self.index_type])
+        for name, value in params.items():
+            if name not in allowed:
+                raise ValueError(f"'{name}' is not a search parameter of index type '{self.index_type}': {allowed}")
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.params.update(params)
+        self._apply_search_params()
+        return self
+
+    def _apply_search_params(self) -> None:
+        if self.faiss_index is None:
+            return
+        space = faiss.GpuParameterSpace() if self._gpu_resources is not None else faiss.ParameterSpace()
+        if "nprobe" in self.params:
+            space.set_index_parameter(self.faiss_index, "nprobe", self.params["nprobe"])
+        if "ef_search" in self.params:
+            space.set_index_parameter(self.faiss_index, "efSearch", self.params["ef_search"])
+
+    def search(self, query_emb: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """query_emb [Q, dim] -> (scores [Q, k] float32, ids [Q, k] int64), best first, on query_emb's device.
+
+        Scores are always the exact inner products query_emb . block_emb[id], whatever index found the ids.
+        """
+        if not isinstance(query_emb, torch.Tensor) or query_emb.dim() != 2 or query_emb.shape[1] != self.dim:
+            shape = tuple(query_emb.shape) if hasattr(query_emb, "shape") else type(query_emb).__name__
+            raise ValueError(f"query_emb must be [num_queries, dim={self.dim}], got {shape}")
+        if not isinstance(k, int) or not 1 <= k <= self.num_blocks:
+            raise ValueError(f"k must be an int in [1, num_blocks={self.num_blocks}], got k={k!r}")
+        if self.faiss_index is None:
+            chunk_size = self.params.get("chunk_size", DEFAULT_CHUNK_SIZE)
+            return torch_exact_search(self.block_emb, query_emb, k, chunk_size=chunk_size)
+
+        # Fetch k * rerank candidates, re-score them exactly and keep the best k.
+        num_fetch = min(self.num_blocks, k * self.params.get("rerank", 1))
+        query_np = query_emb.detach().to("cpu", torch.float32).contiguous().numpy()
+        _, ids = self.faiss_index.search(query_np, num_fetch)
+        ids = torch.from_numpy(ids).to(self.device)
+        q = query_emb.detach().to(self.device, torch.float32)
+        candidates = self.block_emb[ids.clamp(min=0)].float()  # [Q, num_fetch, dim]
+        scores = torch.bmm(candidates, q.unsqueeze(2)).squeeze(2)
+        scores = scores.masked_fill(ids < 0, float("-inf"))
+        scores, order = scores.topk(k, dim=1)
+        ids = ids.gather(1, order)
+
+        # faiss pads with -1 when it finds fewer than num_fetch blocks (e.g. IVF probing near-empty lists);
+        # such queries fall back to exact search rather than returning made-up ids.
+        short = (ids < 0).any(dim=1)
+        if short.any():
+            chunk_size = self.params.get("chunk_size", DEFAULT_CHUNK_SIZE)
+            scores[short], ids[short] = torch_exact_search(self.block_emb, q[short], k, chunk_size=chunk_size)
+        return scores.to(query_emb.device), ids.to(query_emb.device)
+
+    def embeddings(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of block_emb: ids of any shape [...] -> [..., dim], on ids' device."""
+        ids = torch.as_tensor(ids)
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.num_blocks):
+            raise IndexError(f"block ids must be in [0, {self.num_blocks}), got [{ids.min()}, {ids.max()}]")
+        return self.block_emb[ids.to(self.device, torch.long)].to(ids.device)
+
+    def recall_at_k(self, query_emb: torch.Tensor, k: int, reference: RealmBlockIndex | None = None) -> float:
+        """Fraction of the reference top-k ids (default: exact torch search) found in this index's top-k, averaged
+        over the queries query_emb [Q, dim]."""
+        if reference is None:
+            _, ref_ids = torch_exact_search(self.block_emb, query_emb, k)
+        elif reference.num_blocks != self.num_blocks or reference.dim != self.dim:
+            raise ValueError(
+                f"reference index is {reference.num_blocks} x {reference.dim}, this one {self.num_blocks} x {self.dim}"
+            )
+        else:
+            _, ref_ids = reference.search(query_emb, k)
+        _, ids = self.search(query_emb, k)
+        found = (ids.unsqueeze(2) == ref_ids.to(ids.device).unsqueeze(1)).any(dim=1)  # [Q, k] over ref ids
+        return found.float().mean().item()
+
+    def to(self, device: str | torch.device) -> RealmBlockIndex:
+        """Move the index (block_emb and the faiss index) to device, in place; returns self."""
+        device = torch.device(device)
+        if self.faiss_index is not None:
+            if device.type not in ("cpu", "cuda"):
+                raise ValueError(f"faiss index type '{self.index_type}' runs on cpu or cuda, not {device}")
+            target_gpu = None if device.type == "cpu" else device.index
+            if device.type == "cuda" and target_gpu is None:
+                target_gpu = torch.cuda.current_device() if torch.cuda.is_available() else 0
+            if self._gpu_resources is not None and self._faiss_gpu != target_gpu:
+                self.faiss_index, self._gpu_resources = faiss.index_gpu_to_cpu(self.faiss_index), None
+                self._faiss_gpu = None
+                self._apply_search_params()
+            if target_gpu is not None and self._gpu_resources is None:
+                self._to_faiss_gpu(target_gpu)
+        self.block_emb = self.block_emb.to(device)
+        if self.block_emb.device.type != "cpu":
+            self._mmap = None
+        return self
+
+    def _to_faiss_gpu(self, gpu: int) -> None:
+        if faiss.get_num_gpus() == 0:
+            raise RuntimeError(
+                f"index type '{self.index_type}' on cuda needs a GPU build of faiss (pip install faiss-gpu) and a "
+                "visible GPU, but faiss.get_num_gpus() == 0; use index_type='exact' for torch search on GPU"
+            )
+        resources = faiss.StandardGpuResources()
+        options = faiss.GpuClonerOptions()
+        options.useFloat16 = self.index_type == "ivfpq"  # fp16 PQ lookup tables: any pq_m fits; rerank fixes scores
+        try:
+            self.faiss_index = faiss.index_cpu_to_gpu(resources, gpu, self.faiss_index, options)
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"faiss cannot move index type '{self.index_type}' to cuda:{gpu} ({error}); "
+                "faiss has GPU versions of 'flat', 'ivf' and 'ivfpq' only"
+            ) from error
+        self._gpu_resources, self._faiss_gpu = resources, gpu
+        self._apply_search_params()
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write index_config.json, block_emb.safetensors (+ faiss.index) to directory, atomically: everything is
+        written to a temporary sibling directory which then replaces directory in one rename."""
+        target = Path(directory).absolute()
+        if target.exists():
+            if not target.is_dir():
+                raise NotADirectoryError(f"cannot save index to {target}: it exists and is not a directory")
+            foreign = sorted(p.name for p in target.iterdir() if p.name not in _INDEX_FILES)
+            if foreign:  # replacing the directory would delete these
+                raise ValueError(
+                    f"refusing to replace {target}: it holds files that are not part of a block index {foreign}; "
+                    "save the index into its own (sub)directory"
+                )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            self._write_files(tmp)
+            _replace_directory(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _write_files(self, directory: Path) -> None:
+        config = {
+            "format_version": FORMAT_VERSION,
+            "index_type": self.index_type,
+            "version": self.version,
+            "num_blocks": self.num_blocks,
+            "dim": self.dim,
+            "params": self.params,
+        }
+        (directory / INDEX_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_file({"block_emb": self.block_emb.detach().cpu().contiguous()}, str(directory / BLOCK_EMB_NAME))
+        if self.faiss_index is not None:
+            index = faiss.index_gpu_to_cpu(self.faiss_index) if self._gpu_resources is not None else self.faiss_index
+            faiss.write_index(index, str(directory / FAISS_INDEX_NAME))
+        for path in directory.iterdir():  # the data must be on disk before the rename makes it visible
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device | None = None) -> RealmBlockIndex:
+        """Load an index saved by save_pretrained. block_emb is memory-mapped, not read into RAM."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"block index directory {directory} does not exist")
+        config_path, emb_path = directory / INDEX_CONFIG_NAME, directory / BLOCK_EMB_NAME
+        config = _read_config(config_path)
+        block_emb, mmap = _mmap_safetensors(emb_path)
+        if tuple(block_emb.shape) != (config["num_blocks"], config["dim"]):
+            raise ValueError(
+                f"{emb_path} holds {block_emb.shape[0]} x {block_emb.shape[1]} embeddings but {config_path} says "
+                f"num_blocks={config['num_blocks']}, dim={config['dim']}"
+            )
+        faiss_index = None
+        if config["index_type"] != "exact":
+            faiss_index = _read_faiss(directory / FAISS_INDEX_NAME, config["index_type"], block_emb.shape)
+        index = cls(block_emb, config["index_type"], config["version"], faiss_index, config["params"])
+        index._mmap = mmap
+        return index.to(device) if device is not None else index
+
+
+_INDEX_FILES = (INDEX_CONFIG_NAME, BLOCK_EMB_NAME, FAISS_INDEX_NAME)
+
+
+def _check_finite(block_emb: torch.Tensor, chunk_size: int = 2**20) -> None:
+    for start in range(0, block_emb.shape[0], chunk_size):  # chunked: isfinite on 13M x 128 would need 1.7 GB
+        bad = ~torch.isfinite(block_emb[start : start + chunk_size]).all(dim=1)
+        if bad.any():
+            row = start + int(bad.nonzero()[0, 0])
+            raise ValueError(f"block_emb contains NaN or inf values (first at row {row})")
+
+
+def _resolve_params(index_type: str, num_blocks: int, dim: int, params: dict) -> dict:
+    """Check user params against the type's accepted ones and fill the data-dependent defaults."""
+    defaults = _PARAM_DEFAULTS[index_type]
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown parameters {unknown} for index type '{index_type}'; accepted: {sorted(defaults)}")
+    resolved = {**defaults, **{name: value for name, value in params.items() if value is not None}}
+    if "nlist" in resolved and resolved["nlist"] is None:
+        # ~4 sqrt(N) lists, with >= 39 blocks per list (faiss' minimum for stable k-means)
+        resolved["nlist"] = max(1, min(int(4 * math.sqrt(num_blocks)), num_blocks // 39))
+    if "pq_m" in resolved and resolved["pq_m"] is None:  # ~4 dims per sub-quantizer, and it must divide dim
+        resolved["pq_m"] = max(m for m in range(1, max(1, dim // 4) + 1) if dim % m == 0)
+    if "train_size" in resolved and resolved["train_size"] is None:
+        centroids = max(resolved.get("nlist", 1), 2 ** resolved.get("pq_bits", 0))
+        resolved["train_size"] = min(num_blocks, 64 * centroids)
+    for name, value in resolved.items():
+        if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and name != "seed"):
+            raise ValueError(f"parameter {name} of index type '{index_type}' must be a positive int, got {value!r}")
+    if resolved.get("nlist", 1) > min(num_blocks, resolved.get("train_size", num_blocks)):
+        raise ValueError(f"nlist={resolved['nlist']} exceeds the number of training blocks")
+    if "pq_m" in resolved and dim % resolved["pq_m"]:
+        raise ValueError(f"pq_m={resolved['pq_m']} must divide dim={dim}")
+    if "pq_bits" in resolved and 2 ** resolved["pq_bits"] > resolved["train_size"]:
+        raise ValueError(f"pq_bits={resolved['pq_bits']} needs >= {2 ** resolved['pq_bits']} training blocks")
+    return resolved
+
+
+def _build_faiss(block_emb: torch.Tensor, index_type: str, params: dict, add_chunk: int = 2**20):
+    _require_faiss(index_type)
+    dim, num_blocks = block_emb.shape[1], block_emb.shape[0]
+    factory = {
+        "flat": "Flat",
+        "ivf": "IVF{nlist},Flat",
+        "hnsw": "HNSW{m},Flat",
+        "ivfpq": "IVF{nlist},PQ{pq_m}x{pq_bits}",
+        "pq": "PQ{pq_m}x{pq_bits}",
+    }[index_type].format(**params)
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    if index_type == "hnsw":
+        index.hnsw.efConstruction = params["ef_construction"]
+    if not index.is_trained:
+        # Seed both the training sample and faiss' k-means so builds are reproducible.
+        for clustering in _clustering_params(index):
+            clustering.seed = params["seed"]
+        rng = np.random.default_rng(params["seed"])
+        sample = np.sort(rng.choice(num_blocks, size=params["train_size"], replace=False))
+        index.train(block_emb[torch.from_numpy(sample)].to("cpu", torch.float32).numpy())
+    for start in range(0, num_blocks, add_chunk):  # chunked: no full float32 copy of a memory-mapped corpus
+        index.add(block_emb[start : start + add_chunk].to("cpu", torch.float32).contiguous().numpy())
+    return index
+
+
+def _clustering_params(index) -> list:
+    found = []
+    if hasattr(index, "cp"):
+        found.append(index.cp)  # IVF coarse quantizer k-means
+    if hasattr(index, "pq"):
+        found.append(index.pq.cp)  # product-quantizer k-means
+    return found
+
+
+def _replace_directory(new: Path, target: Path) -> None:
+    """Move the finished directory new to target; an existing target is set aside first, restored on failure."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    os.rename(target, old)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_config(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"missing index config {path}")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"corrupted index config {path}: not valid JSON ({error})") from error
+    expected = {"format_version": int, "index_type": str, "version": int, "num_blocks": int, "dim": int, "params": dict}
+    if not isinstance(config, dict):
+        raise ValueError(f"corrupted index config {path}: expected a JSON object")
+    for key, kind in expected.items():
+        if not isinstance(config.get(key), kind):
+            raise ValueError(f"corrupted index config {path}: '{key}' missing or not {kind.__name__}")
+    if config["format_version"] > FORMAT_VERSION:
+        raise ValueError(f"{path} has format_version {config['format_version']}; this code reads <= {FORMAT_VERSION}")
+    if config["index_type"] not in INDEX_TYPES:
+        raise ValueError(f"{path} has unknown index_type '{config['index_type']}', expected one of {INDEX_TYPES}")
+    return config
+
+
+def _mmap_safetensors(path: Path) -> tuple[torch.Tensor, np.memmap]:
+    """Memory-map the 'block_emb' tensor of a safetensors file: [N, D] tensor backed by the file's pages."""
+    if not path.is_file():
+        raise FileNotFoundError(f"missing block embeddings {path}")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        header_len = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
+        if not 0 < header_len <= size - 8:
+            raise ValueError(f"{path} is not a safetensors file (bad header length)")
+        try:
+            entry = json.loads(f.read(header_len)).get("block_emb")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+            raise ValueError(f"{path} has a corrupted safetensors header ({error})") from error
+    if not isinstance(entry, dict) or entry.get("dtype") not in _ST_DTYPES:
+        raise ValueError(f"{path} has no float tensor 'block_emb' (supported dtypes: {sorted(_ST_DTYPES)})")
+    shape, (begin, end) = entry["shape"], entry["data_offsets"]
+    if len(shape) != 2 or min(shape) < 1:
+        raise ValueError(f"{path}: block_emb must be 2-D and non-empty [num_blocks, dim], got shape {shape}")
+    np_dtype, torch_dtype = _ST_DTYPES[entry["dtype"]]
+    offset = 8 + header_len + begin
+    if end - begin != shape[0] * shape[1] * np.dtype(np_dtype).itemsize or 8 + header_len + end > size:
+        raise ValueError(f"{path} is truncated or inconsistent: block_emb {shape} does not match its data range")
+    # Copy-on-write mapping: pages are read lazily, shared with the page cache, and torch gets a writable array.
+    mmap = np.memmap(path, dtype=np_dtype, mode="c", offset=offset, shape=tuple(shape))
+    return torch.from_numpy(mmap).view(torch_dtype), mmap
+
+
+def _read_faiss(path: Path, index_type: str, shape: torch.Size):
+    _require_faiss(index_type)
+    if not path.is_file():
+        raise FileNotFoundError(f"missing faiss index {path} (needed by index type '{index_type}')")
+    try:
+        index = faiss.read_index(str(path))
+    except RuntimeError as error:
+        raise ValueError(f"{path} is not a readable faiss index ({error})") from error
+    if not isinstance(index, getattr(faiss, _FAISS_CLASSES[index_type])):
+        raise ValueError(f"{path} holds a {type(index).__name__}, expected {_FAISS_CLASSES[index_type]} for '{index_type}'")
+    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise ValueError(f"{path} does not use the inner-product metric")
+    if (index.ntotal, index.d) != tuple(shape):
+        raise ValueError(f"{path} holds {index.ntotal} x {index.d} vectors but the block embeddings are {shape[0]} x {shape[1]}")
+    return index

@@ -1,0 +1,761 @@
+"""REALM models for transformers 5.
+
+REALM's encoders are plain BERT: every class below holds transformers' own `BertModel` under the prefix `realm.`
+(state-dict names identical to the published checkpoints, SDPA/flash attention and gradient checkpointing come with
+it) and adds only what REALM adds: the retrieval projection, the marginal MLM loss over retrieved documents, the span
+reader and the retrieve-then-read open-QA model.
+
+Shapes: B = questions/queries, C = candidate documents per query, L = sequence length, P = retriever_proj_size,
+S = blocks retrieved per question, R = blocks read per question (R <= S), V = vocabulary size.
+"""
+
+import os
+import shutil
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import BertModel, PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+from transformers.models.bert.modeling_bert import (
+    BertEmbeddings,
+    BertLayer,
+    BertLMPredictionHead,
+    BertOnlyMLMHead,
+    BertSelfAttention,
+)
+from transformers.utils import ModelOutput, logging
+
+from .configuration_realm import RealmConfig
+from .retrieval_realm import RealmRetriever, normalize_answer_ids
+
+logger = logging.get_logger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Outputs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RealmEmbedderOutput(ModelOutput):
+    """`projected_score` [B, P]: the retrieval embedding (LayerNorm(dense(tanh-pooled [CLS])))."""
+
+    projected_score: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class RealmScorerOutput(ModelOutput):
+    """`relevance_score` [B, C] = query_score [B, P] · candidate_score [B, C, P]."""
+
+    relevance_score: torch.FloatTensor | None = None
+    query_score: torch.FloatTensor | None = None
+    candidate_score: torch.FloatTensor | None = None
+
+
+@dataclass
+class RealmReaderOutput(ModelOutput):
+    """
+    For one question: `loss` = `retriever_loss` + `reader_loss` (scalars); `retriever_correct` [S];
+    `reader_correct` [R, num_spans]; `block_idx` (0-d, index inside the R blocks read), `candidate` (0-d span index),
+    `start_pos` / `end_pos` [1] (token positions in the reader input); `reader_logits` [R, num_spans] on request
+    (spans listed width-major, see `span_candidates`). For a batch of questions every field gains a
+    leading batch axis and `loss` is the mean over questions.
+    """
+
+    loss: torch.FloatTensor | None = None
+    retriever_loss: torch.FloatTensor | None = None
+    reader_loss: torch.FloatTensor | None = None
+    retriever_correct: torch.BoolTensor | None = None
+    reader_correct: torch.BoolTensor | None = None
+    block_idx: torch.LongTensor | None = None
+    candidate: torch.LongTensor | None = None
+    start_pos: torch.IntTensor | None = None
+    end_pos: torch.IntTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    # Only with output_reader_logits=True: span logits + retrieval logit [R, num_spans] (spans listed width-major).
+    reader_logits: torch.FloatTensor | None = None
+
+
+@dataclass
+class RealmForOpenQAOutput(ModelOutput):
+    """
+    `reader_output`: the reader's prediction (and losses when answers were given).
+    `predicted_answer_ids`: the answer's wordpiece ids ([span_len] for one question, a list of them for a batch).
+    Provenance: `retrieved_block_ids` [B, S] and `retrieved_logits` [B, S] (q · block embedding, sorted);
+    `predicted_block_ids` [B]: the corpus id of the block each answer was read from.
+    `reader_input_ids` [B, R, L]: what the reader read (to map the span back to text).
+    """
+
+    reader_output: RealmReaderOutput | None = None
+    predicted_answer_ids: torch.LongTensor | list[torch.LongTensor] | None = None
+    retrieved_block_ids: torch.LongTensor | None = None
+    retrieved_logits: torch.FloatTensor | None = None
+    predicted_block_ids: torch.LongTensor | None = None
+    reader_input_ids: torch.LongTensor | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Heads: what REALM adds to BERT
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RealmScorerProjection(nn.Module):
+    """The embedder head: LayerNorm(dense(pooled_output)) -> [B, P].
+
+    `predictions` is an MLM head the forward never uses; it exists so the published checkpoints' keys load.
+    """
+
+    def __init__(self, config: RealmConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.dense = nn.Linear(config.hidden_size, config.retriever_proj_size)
+        self.LayerNorm = nn.LayerNorm(config.retriever_proj_size, eps=config.layer_norm_eps)
+
+    def forward(self, pooled_output: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dense(pooled_output))
+
+
+def span_candidates(seq_len: int, max_span_width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """All spans of width 1..max_span_width, listed width-major (as the published reader was trained).
+
+    Returns starts, ends [num_spans] with num_spans = W*L - W*(W-1)/2 (end inclusive).
+    """
+    starts = torch.cat([torch.arange(seq_len - width + 1, device=device) for width in range(1, max_span_width + 1)])
+    ends = torch.cat([torch.arange(width - 1, seq_len, device=device) for width in range(1, max_span_width + 1)])
+    return starts, ends
+
+
+def mask_to_score(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where mask is true, the dtype's most negative number elsewhere (an additive logit mask)."""
+    return (1.0 - mask.to(dtype)) * torch.finfo(dtype).min
+
+
+class RealmReaderProjection(nn.Module):
+    """Span scorer: dense(2*span_hidden) split into start/end halves, relu(start[s] + end[e]), LayerNorm, dense -> 1."""
+
+    def __init__(self, config: RealmConfig):
+        super().__init__()
+        self.max_span_width = config.max_span_width
+        self.dense_intermediate = nn.Linear(config.hidden_size, config.span_hidden_size * 2)
+        self.dense_output = nn.Linear(config.span_hidden_size, 1)
+        self.layer_normalization = nn.LayerNorm(config.span_hidden_size, eps=config.reader_layer_norm_eps)
+        self.relu = nn.ReLU()
+
+    def forward(
+        self, hidden_states: torch.Tensor, block_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hidden_states [R, L, H], block_mask [R, L] -> span logits [R, num_spans], starts, ends [num_spans].
+
+        A span is valid only when both its start and its end lie in the evidence block.
+        """
+        starts, ends = span_candidates(hidden_states.shape[1], self.max_span_width, hidden_states.device)
+        start_projection, end_projection = self.dense_intermediate(hidden_states).chunk(2, dim=-1)
+        span_hidden = start_projection.index_select(1, starts) + end_projection.index_select(1, ends)
+        span_hidden = self.layer_normalization(self.relu(span_hidden))
+        logits = self.dense_output(span_hidden).squeeze(-1)
+        valid = block_mask.index_select(1, starts) & block_mask.index_select(1, ends)
+        return logits + mask_to_score(valid, logits.dtype), starts, ends
+
+
+def marginal_log_loss(logits: torch.Tensor, is_correct: torch.Tensor) -> torch.Tensor:
+    """-log sum_{correct} p: logsumexp(all logits) - logsumexp(correct logits), over the last axis."""
+    log_numerator = torch.logsumexp(logits + mask_to_score(is_correct, logits.dtype), dim=-1)
+    return torch.logsumexp(logits, dim=-1) - log_numerator
+
+
+def flatten_candidates(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, C, L] -> [B*C, L]; 2-D inputs pass through."""
+    if tensor is None or tensor.dim() <= 2:
+        return tensor
+    return tensor.reshape(-1, tensor.shape[-1])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RealmPreTrainedModel(PreTrainedModel):
+    config: RealmConfig
+    config_class = RealmConfig
+    base_model_prefix = "realm"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _no_split_modules = ["BertEmbeddings", "BertLayer"]
+    _can_record_outputs = {"hidden_states": BertLayer, "attentions": BertSelfAttention}
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's init: normal(0, initializer_range) for Linear/Embedding, 1/0 for LayerNorm, zero biases."""
+        super()._init_weights(module)
+        if isinstance(module, BertLMPredictionHead):
+            module.bias.zero_()
+        elif isinstance(module, BertEmbeddings):
+            module.position_ids.copy_(torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+            module.token_type_ids.zero_()
+
+
+class RealmEmbedder(RealmPreTrainedModel):
+    """The retriever tower: BERT -> tanh pooler -> dense(P) -> LayerNorm. Embeds queries and blocks alike."""
+
+    _tied_weights_keys = {"cls.predictions.decoder.bias": "cls.predictions.bias"}
+
+    def __init__(self, config: RealmConfig):
+        super().__init__(config)
+        self.realm = BertModel(config)
+        self.cls = RealmScorerProjection(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.realm.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.realm.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> RealmEmbedderOutput | tuple:
+        """input_ids [B, L] -> projected_score [B, P]."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.realm(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        projected_score = self.cls(outputs.pooler_output)
+        output = RealmEmbedderOutput(
+            projected_score=projected_score, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class RealmScorer(RealmPreTrainedModel):
+    """Scores C candidate documents per query: relevance_score [B, C] = q · d.
+
+    As in the published checkpoints and Google's code, the query and document towers are one module unless a separate
+    `query_embedder` is given.
+    """
+
+    # Shared towers: every query_embedder parameter is the embedder's. Buffers (position_ids, token_type_ids) are not
+    # parameters, and decoder.bias is already tied inside each embedder (a chained tie would not resolve on load).
+    _tied_weights_keys = {
+        r"query_embedder\.(?!.*(_ids|decoder\.bias)$)": r"embedder\.(?!.*(_ids|decoder\.bias)$)",
+    }
+
+    def __init__(self, config: RealmConfig, query_embedder: RealmEmbedder | None = None):
+        super().__init__(config)
+        self.embedder = RealmEmbedder(config)
+        self.query_embedder = query_embedder if query_embedder is not None else self.embedder
+        if query_embedder is not None:
+            self._tied_weights_keys = {}
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        candidate_input_ids: torch.LongTensor | None = None,
+        candidate_attention_mask: torch.Tensor | None = None,
+        candidate_token_type_ids: torch.LongTensor | None = None,
+        candidate_inputs_embeds: torch.FloatTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> RealmScorerOutput | tuple:
+        """Query input_ids [B, L] and candidate_input_ids [B, C, L'] (or candidate_inputs_embeds [B*C, L', H])."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if input_ids is None and inputs_embeds is None:
+            raise ValueError("RealmScorer needs the query: pass input_ids or inputs_embeds.")
+        if candidate_input_ids is None and candidate_inputs_embeds is None:
+            raise ValueError("RealmScorer needs the candidates: pass candidate_input_ids or candidate_inputs_embeds.")
+        query_score = self.query_embedder(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        ).projected_score
+        candidate_score = self.embedder(
+            flatten_candidates(candidate_input_ids),
+            attention_mask=flatten_candidates(candidate_attention_mask),
+            token_type_ids=flatten_candidates(candidate_token_type_ids),
+            position_ids=position_ids,
+            inputs_embeds=candidate_inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        ).projected_score
+        # The candidate count comes from the inputs (the 4.x port reshaped by config.num_candidates).
+        candidate_score = candidate_score.view(query_score.shape[0], -1, query_score.shape[-1])
+        relevance_score = torch.einsum("bd,bnd->bn", query_score, candidate_score)
+        output = RealmScorerOutput(
+            relevance_score=relevance_score, query_score=query_score, candidate_score=candidate_score
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class RealmKnowledgeAugEncoder(RealmPreTrainedModel):
+    """BERT MLM over `[CLS] query [SEP] document [SEP]` for each of C retrieved documents, with REALM's loss:
+    each masked token is marginalised separately over the documents,
+    loss = -mean_j logsumexp_c [log p(z_c|x) + log p(y_j|z_c, x)], p(z|x) = softmax(relevance_score) over C.
+    """
+
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "realm.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config: RealmConfig):
+        super().__init__(config)
+        self.realm = BertModel(config)
+        self.cls = BertOnlyMLMHead(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.realm.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.realm.embeddings.word_embeddings = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        relevance_score: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        mlm_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> MaskedLMOutput | tuple:
+        """input_ids [B, C, L] (or [B*C, L]), relevance_score [B, C], labels [B, L] (-100 = not a target),
+        mlm_mask [B, L] (1 at the masked positions; defaults to labels != -100) -> loss, logits [B*C, L, V].
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None and relevance_score is None:
+            raise ValueError("RealmKnowledgeAugEncoder needs relevance_score [B, C] to compute the loss from labels.")
+        outputs = self.realm(
+            flatten_candidates(input_ids),
+            attention_mask=flatten_candidates(attention_mask),
+            token_type_ids=flatten_candidates(token_type_ids),
+            position_ids=position_ids,
+            inputs_embeds=flatten_candidates(inputs_embeds)
+            if inputs_embeds is not None and inputs_embeds.dim() > 3
+            else inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        prediction_scores = self.cls(outputs.last_hidden_state)
+
+        loss = None
+        if labels is not None:
+            loss = self.marginal_mlm_loss(prediction_scores, relevance_score, labels, mlm_mask)
+        output = MaskedLMOutput(
+            loss=loss, logits=prediction_scores, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+    @staticmethod
+    def marginal_mlm_loss(
+        prediction_scores: torch.Tensor,
+        relevance_score: torch.Tensor,
+        labels: torch.Tensor,
+        mlm_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """prediction_scores [B*C, L, V], relevance_score [B, C], labels [B, L] -> scalar loss.
+
+        Departure from the 4.x port: without `mlm_mask` it averaged over every position (unlabelled ones count as
+        log-prob 0), diluting the loss; here the default mask is `labels != -100`, which equals the port whenever the
+        port was given its mask.
+        """
+        batch_size, seq_len = labels.shape
+        num_candidates = relevance_score.shape[1]
+        if mlm_mask is None:
+            mlm_mask = labels != -100
+        mlm_mask = mlm_mask.to(torch.float32)
+        targets = labels.repeat(1, num_candidates).view(-1)
+        # log p(y_j | z_c, x) per position; ignored labels give 0.
+        token_log_prob = -nn.functional.cross_entropy(
+            prediction_scores.view(-1, prediction_scores.shape[-1]).float(), targets, reduction="none"
+        ).view(batch_size, num_candidates, seq_len)
+        candidate_log_prob = relevance_score.float().log_softmax(-1).unsqueeze(-1)
+        marginal_log_prob = (candidate_log_prob + token_log_prob).logsumexp(1)
+        return -torch.nansum(torch.sum(marginal_log_prob * mlm_mask) / torch.sum(mlm_mask))
+
+
+class RealmReader(RealmPreTrainedModel):
+    """Reads R blocks `[CLS] question [SEP] block [SEP]` and scores every answer span (width <= max_span_width)
+    jointly with the block's retrieval logit: one softmax over (block, span) pairs.
+
+    `cls` is an MLM head the forward never uses; it exists so the published reader checkpoints' keys load.
+    """
+
+    _tied_weights_keys = {"cls.predictions.decoder.bias": "cls.predictions.bias"}
+
+    def __init__(self, config: RealmConfig):
+        super().__init__(config)
+        self.realm = BertModel(config)
+        self.cls = BertOnlyMLMHead(config)
+        self.qa_outputs = RealmReaderProjection(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.realm.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.realm.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        relevance_score: torch.FloatTensor | None = None,
+        block_mask: torch.BoolTensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        has_answers: torch.BoolTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        output_reader_logits: bool = False,
+    ) -> RealmReaderOutput | tuple:
+        """input_ids [R, L]; relevance_score [S] (S >= R, the first R belong to the inputs); block_mask [S or R, L];
+        start_positions / end_positions [S, A] (inclusive, -1 = padding); has_answers [S].
+        The loss is computed when all three labels are given.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if relevance_score is None:
+            raise ValueError("RealmReader needs relevance_score [S]: the retrieval logits of the blocks.")
+        if block_mask is None:
+            raise ValueError("RealmReader needs block_mask [R, L]: True on the evidence-block tokens.")
+        seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        if seq_len < self.config.max_span_width:
+            raise ValueError(
+                f"The reader input length ({seq_len}) must be at least config.max_span_width "
+                f"({self.config.max_span_width})."
+            )
+        outputs = self.realm(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        output = self.read(
+            outputs.last_hidden_state,
+            relevance_score,
+            block_mask,
+            start_positions,
+            end_positions,
+            has_answers,
+            output_reader_logits=output_reader_logits,
+        )
+        output.hidden_states = outputs.hidden_states
+        output.attentions = outputs.attentions
+        return output if return_dict else output.to_tuple()
+
+    def read(
+        self,
+        sequence_output: torch.Tensor,
+        relevance_score: torch.Tensor,
+        block_mask: torch.Tensor,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        has_answers: torch.Tensor | None = None,
+        output_reader_logits: bool = False,
+    ) -> RealmReaderOutput:
+        """Span prediction and losses for one question from the encoded blocks sequence_output [R, L, H]."""
+        num_read = sequence_output.shape[0]
+        span_logits, starts, ends = self.qa_outputs(sequence_output, block_mask[:num_read].bool())
+        # [R, num_spans]: the block's retrieval logit is added to each of its spans (one joint softmax).
+        reader_logits = span_logits + relevance_score[:num_read, None].to(span_logits.dtype)
+        block_idx = torch.argmax(torch.max(reader_logits, dim=1).values)
+        candidate = torch.argmax(torch.max(reader_logits, dim=0).values)
+        output = RealmReaderOutput(
+            block_idx=block_idx,
+            candidate=candidate,
+            start_pos=starts.index_select(0, candidate.view(1)),
+            end_pos=ends.index_select(0, candidate.view(1)),
+            reader_logits=reader_logits if output_reader_logits else None,
+        )
+        if start_positions is None or end_positions is None or has_answers is None:
+            return output
+
+        # Gold positions outside the input (e.g. cut by truncation) can never match a candidate span.
+        start_positions = start_positions.clamp(-1, sequence_output.shape[1])[:num_read]
+        end_positions = end_positions.clamp(-1, sequence_output.shape[1])[:num_read]
+        is_gold_start = starts.view(1, 1, -1) == start_positions.unsqueeze(-1)
+        is_gold_end = ends.view(1, 1, -1) == end_positions.unsqueeze(-1)
+        reader_correct = (is_gold_start & is_gold_end).any(1)
+        retriever_correct = has_answers.bool()
+
+        relevance_score = relevance_score.float()
+        reader_logits = reader_logits.float()
+        # Each loss is zeroed when nothing is correct (ORQA's masked marginal log-likelihood).
+        retriever_loss = marginal_log_loss(relevance_score, retriever_correct) * retriever_correct.any().float()
+        reader_loss = marginal_log_loss(reader_logits.view(-1), reader_correct.view(-1)) * reader_correct.any().float()
+        output.loss = retriever_loss + reader_loss
+        output.retriever_loss = retriever_loss
+        output.reader_loss = reader_loss
+        output.retriever_correct = retriever_correct
+        output.reader_correct = reader_correct
+        return output
+
+
+class RealmForOpenQA(RealmPreTrainedModel):
+    """Retrieve-then-read open-domain QA: embed the question, search the retriever's index for the top S blocks,
+    read the top R, predict the answer span; with `answer_ids`, ORQA's retriever + reader losses.
+
+    The knowledge corpus and its MIPS index belong to `self.retriever` (a `RealmRetriever`). The legacy `block_emb`
+    weight of the 4.x checkpoints is read by the retriever, not held by the model.
+    """
+
+    # `block_emb` of legacy checkpoints is loaded into the retriever's index (see RealmRetriever.from_pretrained).
+    _keys_to_ignore_on_load_unexpected = [r"^block_emb$"]
+
+    def __init__(self, config: RealmConfig, retriever: RealmRetriever | None = None):
+        super().__init__(config)
+        self.embedder = RealmEmbedder(config)
+        self.reader = RealmReader(config)
+        self.retriever = retriever
+        self.post_init()
+
+    @property
+    def searcher_beam_size(self) -> int:
+        """Blocks retrieved per question: config.searcher_beam_size in training, config.reader_beam_size in eval."""
+        return self.config.searcher_beam_size if self.training else self.config.reader_beam_size
+
+    @property
+    def block_emb(self) -> torch.Tensor:
+        """The block embeddings [num_blocks, P] of the retriever's index (the 4.x buffer of the same name)."""
+        return self._require_retriever().index.block_emb
+
+    def block_embedding_to(self, device: str | torch.device) -> None:
+        """Move the retriever's index (block embeddings) to `device`."""
+        retriever = self._require_retriever()
+        retriever.swap_index(retriever.index.to(device))
+
+    def _require_retriever(self) -> RealmRetriever:
+        if self.retriever is None:
+            raise ValueError(
+                "RealmForOpenQA has no retriever: load it with RealmForOpenQA.from_pretrained(folder) from a folder "
+                "that holds block records and an index, or pass retriever=RealmRetriever.from_pretrained(...)."
+            )
+        return self.retriever
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *model_args, retriever: RealmRetriever | None = None, **kwargs
+    ):
+        """Load the model; attach `retriever`, or else the retriever found in the same folder or Hub repo."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) with output_loading_info
+        if retriever is None and pretrained_model_name_or_path is not None:
+            hub_kwargs = {
+                key: kwargs[key]
+                for key in ("revision", "cache_dir", "token", "local_files_only", "force_download")
+                if key in kwargs
+            }
+            retriever = RealmRetriever.from_pretrained(pretrained_model_name_or_path, missing_ok=True, **hub_kwargs)
+        model.retriever = retriever
+        return loaded
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """Write weights and config, and with a retriever everything needed to answer questions from the folder:
+        tokenizer, block records, block embeddings and index."""
+        # Lets `pipeline("question-answering", model=folder, trust_remote_code=True)` run without openrealm.
+        self.config.custom_pipelines = {
+            "question-answering": {
+                "impl": "pipeline_realm.RealmQuestionAnsweringPipeline",
+                "pt": ["AutoModel"],
+                "tf": [],
+                "type": "text",
+            }
+        }
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", True):
+            return
+        pipeline_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_realm.py")
+        if os.path.isfile(pipeline_code):
+            shutil.copyfile(pipeline_code, os.path.join(save_directory, "pipeline_realm.py"))
+        if self.retriever is not None:
+            self.retriever.save_pretrained(save_directory)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        answer_ids: list | torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        reader_beam_size: int | None = None,
+        searcher_beam_size: int | None = None,
+        output_reader_logits: bool = False,
+    ) -> RealmForOpenQAOutput | tuple:
+        """input_ids [B, Lq] questions; answer_ids: for one question a list of answers (each a list of wordpiece ids,
+        no special tokens) or a tensor [A, len] padded with -1; for B questions a list of B such lists (or [B, A, len]).
+
+        reader_beam_size / searcher_beam_size override the config for this call (e.g. read 100 blocks at inference,
+        as REALM++ does). Returns the answer, losses when answers are given, and provenance.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        retriever = self._require_retriever()
+        if input_ids is None:
+            raise ValueError("RealmForOpenQA needs input_ids [B, L] of the questions.")
+        if input_ids.dim() == 1:
+            input_ids = input_ids.unsqueeze(0)
+        batch_size = input_ids.shape[0]
+        num_read = reader_beam_size or self.config.reader_beam_size
+        if searcher_beam_size is None:
+            searcher_beam_size = self.config.searcher_beam_size if self.training else num_read
+        num_retrieved = max(searcher_beam_size, num_read)
+        answers = normalize_answer_ids(answer_ids, batch_size)
+
+        # [B, P]
+        question_projection = self.embedder(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        ).projected_score
+        # The index only chooses the blocks; their logits are recomputed from the current question embedding so the
+        # retriever loss reaches the query tower (document embeddings stay frozen, as in ORQA).
+        _, retrieved_block_ids = retriever.search(question_projection.detach(), num_retrieved)
+        retrieved_block_emb = retriever.index.embeddings(retrieved_block_ids).to(question_projection)
+        retrieved_logits = torch.einsum("bd,bsd->bs", question_projection, retrieved_block_emb)
+
+        question_ids = retriever.question_token_ids(input_ids, attention_mask)
+        reader_inputs = retriever.build_reader_inputs(
+            question_ids, retrieved_block_ids, answers, max_length=self.config.reader_seq_len
+        )
+        device = self.reader.device
+        read_ids = reader_inputs["input_ids"][:, :num_read].to(device)
+        seq_len = read_ids.shape[-1]
+        sequence_output = self.reader.realm(
+            read_ids.reshape(-1, seq_len),
+            attention_mask=reader_inputs["attention_mask"][:, :num_read].reshape(-1, seq_len).to(device),
+            token_type_ids=reader_inputs["token_type_ids"][:, :num_read].reshape(-1, seq_len).to(device),
+            return_dict=True,
+        ).last_hidden_state.view(batch_size, -1, seq_len, self.config.hidden_size)
+
+        per_question = []
+        for b in range(batch_size):
+            labels = {}
+            if answers is not None:
+                labels = {
+                    "has_answers": reader_inputs["has_answers"][b].to(device),
+                    "start_positions": reader_inputs["start_positions"][b].to(device),
+                    "end_positions": reader_inputs["end_positions"][b].to(device),
+                }
+            per_question.append(
+                self.reader.read(
+                    sequence_output[b],
+                    retrieved_logits[b].to(device),
+                    reader_inputs["block_mask"][b].to(device),
+                    **labels,
+                    output_reader_logits=output_reader_logits,
+                )
+            )
+        answer_spans = [
+            read_ids[b, out.block_idx, out.start_pos.item() : out.end_pos.item() + 1]
+            for b, out in enumerate(per_question)
+        ]
+        predicted_block_ids = torch.stack(
+            [
+                retrieved_block_ids[b, out.block_idx.to(retrieved_block_ids.device)]
+                for b, out in enumerate(per_question)
+            ]
+        )
+        if batch_size == 1:
+            reader_output, predicted_answer_ids = per_question[0], answer_spans[0]
+        else:
+            reader_output, predicted_answer_ids = stack_reader_outputs(per_question), answer_spans
+
+        output = RealmForOpenQAOutput(
+            reader_output=reader_output,
+            predicted_answer_ids=predicted_answer_ids,
+            retrieved_block_ids=retrieved_block_ids,
+            retrieved_logits=retrieved_logits,
+            predicted_block_ids=predicted_block_ids,
+            reader_input_ids=read_ids,
+        )
+        if not return_dict:
+            # The 4.x tuple: (reader_output, predicted_answer_ids).
+            return reader_output, predicted_answer_ids
+        return output
+
+
+def stack_reader_outputs(outputs: list[RealmReaderOutput]) -> RealmReaderOutput:
+    """Per-question reader outputs -> one output with a leading batch axis; loss = mean over questions."""
+    stacked = RealmReaderOutput()
+    for field in (
+        "retriever_loss",
+        "reader_loss",
+        "retriever_correct",
+        "reader_correct",
+        "block_idx",
+        "candidate",
+        "start_pos",
+        "end_pos",
+        "reader_logits",
+    ):
+        values = [getattr(out, field) for out in outputs]
+        if values[0] is not None:
+            stacked[field] = torch.stack(values)
+    if outputs[0].loss is not None:
+        stacked["loss"] = torch.stack([out.loss for out in outputs]).mean()
+    return stacked
+
+
+__all__ = [
+    "RealmEmbedder",
+    "RealmEmbedderOutput",
+    "RealmForOpenQA",
+    "RealmForOpenQAOutput",
+    "RealmKnowledgeAugEncoder",
+    "RealmPreTrainedModel",
+    "RealmReader",
+    "RealmReaderOutput",
+    "RealmScorer",
+    "RealmScorerOutput",
+]

@@ -1,0 +1,197 @@
+"""`pipeline("question-answering")` for REALM open-QA checkpoints (transformers 5 has no such task any more).
+
+    qa = pipeline("question-answering", model="path/or/repo")       # after `import openrealm`
+    qa("Who wrote Hamlet?")                      -> {"answer", "score", "block_id", "title", "text", "retrieval_score"}
+    qa(["q1", "q2"], top_k=3)                   -> one list of answers per question (questions are batched)
+    qa("Who wrote it?", context="Hamlet is a tragedy by William Shakespeare.")   -> reads only the given text
+
+`score` is the probability of the (block, span) pair under the reader's joint softmax over every span of every block
+read; answers are cut from the original text (original casing) through the tokenizer's offsets.
+"""
+
+import torch
+from transformers import Pipeline
+
+from .modeling_realm import span_candidates
+
+
+class RealmQuestionAnsweringPipeline(Pipeline):
+    """Open-domain question answering with a `RealmForOpenQA` model and its retriever."""
+
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = True
+
+    def _sanitize_parameters(self, top_k=None, context=None, num_blocks=None, max_question_length=None, **kwargs):
+        forward_params = {}
+        if top_k is not None:
+            if top_k < 1:
+                raise ValueError(f"top_k must be at least 1, got {top_k}")
+            forward_params["top_k"] = top_k
+        if num_blocks is not None:
+            forward_params["num_blocks"] = num_blocks
+        preprocess_params = {"context": context} if context is not None else {}
+        if max_question_length is not None:
+            preprocess_params["max_question_length"] = max_question_length
+        return preprocess_params, forward_params, {}
+
+    def __call__(self, question: str | list[str] | None = None, context: str | None = None, **kwargs):
+        """Answer one question (-> dict, or a list of top_k dicts) or a list of questions (-> a list of those)."""
+        if question is None:
+            question = kwargs.pop("inputs", None) or kwargs.pop("question", None)
+        single = isinstance(question, str)
+        questions = [question] if single else list(question or [])
+        if not questions:
+            raise ValueError("The question-answering pipeline needs a question (a non-empty string or list of them).")
+        for number, text in enumerate(questions):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"Question {number} is empty or whitespace: {text!r}.")
+        batch_size = kwargs.pop("batch_size", None) or self._batch_size or 8
+        preprocess_params, forward_params, _ = self._sanitize_parameters(context=context, **kwargs)
+        top_k = forward_params.get("top_k", 1)
+        results = []
+        for start in range(0, len(questions), batch_size):
+            model_inputs = self.preprocess(questions[start : start + batch_size], **preprocess_params)
+            with torch.inference_mode():
+                results.extend(self._forward(model_inputs, **forward_params))
+        results = [answers[0] if top_k == 1 else answers for answers in results]
+        return results[0] if single else results
+
+    def preprocess(self, questions, context: str | None = None, max_question_length: int | None = None):
+        questions = [questions] if isinstance(questions, str) else questions
+        max_length = max_question_length or self.model.config.reader_seq_len // 2
+        encoded = self.tokenizer(questions, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        for number, text in enumerate(questions):
+            if len(self.tokenizer(text)["input_ids"]) > max_length:
+                from transformers.utils import logging
+
+                logging.get_logger(__name__).warning(
+                    f"Question {number} is longer than {max_length} wordpieces and was truncated."
+                )
+        return {"encoded": encoded, "questions": questions, "context": context}
+
+    def _forward(self, model_inputs, top_k: int = 1, num_blocks: int | None = None):
+        encoded = model_inputs["encoded"].to(self.device)
+        if model_inputs["context"] is not None:
+            return [
+                self._read_context(encoded, row, model_inputs["context"], top_k)
+                for row in range(encoded["input_ids"].shape[0])
+            ]
+        output = self.model(
+            input_ids=encoded["input_ids"],
+            attention_mask=encoded["attention_mask"],
+            token_type_ids=encoded.get("token_type_ids"),
+            reader_beam_size=num_blocks,
+            output_reader_logits=True,
+            return_dict=True,
+        )
+        num_read = output.reader_input_ids.shape[1]
+        retriever = self.model.retriever
+        answers = []
+        for b in range(encoded["input_ids"].shape[0]):
+            block_ids = output.retrieved_block_ids[b, :num_read].tolist()
+            reader_logits = output.reader_output.reader_logits
+            reader_logits = reader_logits[b] if reader_logits.dim() == 3 else reader_logits
+            candidates = self._top_spans(reader_logits, output.reader_input_ids[b], top_k)
+            texts = retriever.block_records.texts([block_ids[r] for r, _, _, _ in candidates])
+            titles = retriever.block_records.titles([block_ids[r] for r, _, _, _ in candidates])
+            answers.append(
+                [
+                    {
+                        "answer": self._span_text(text, output.reader_input_ids[b, r], start, end),
+                        "score": score,
+                        "block_id": block_ids[r],
+                        "title": title,
+                        "text": text,
+                        "retrieval_score": output.retrieved_logits[b, r].item(),
+                    }
+                    for (r, start, end, score), text, title in zip(candidates, texts, titles)
+                ]
+            )
+        return answers
+
+    def postprocess(self, model_outputs):
+        return model_outputs
+
+    def _top_spans(self, reader_logits: torch.Tensor, input_ids: torch.Tensor, top_k: int):
+        """The top_k (block, start, end, probability) by joint logit, distinct answer token sequences."""
+        seq_len = input_ids.shape[-1]
+        starts, ends = span_candidates(seq_len, self.model.config.max_span_width, reader_logits.device)
+        probabilities = reader_logits.float().reshape(-1).softmax(-1)
+        order = torch.argsort(probabilities, descending=True)
+        chosen, seen = [], set()
+        for flat in order.tolist():
+            block, span = divmod(flat, starts.shape[0])
+            start, end = starts[span].item(), ends[span].item()
+            key = tuple(input_ids[block, start : end + 1].tolist())
+            if key in seen:
+                continue
+            seen.add(key)
+            chosen.append((block, start, end, probabilities[flat].item()))
+            if len(chosen) == top_k:
+                break
+        return chosen
+
+    def _span_text(self, block_text: str, reader_row: torch.Tensor, start: int, end: int) -> str:
+        """The answer cut from the block's original text: map reader positions to the block's character offsets."""
+        row = reader_row.tolist()
+        block_start = row.index(self.tokenizer.sep_token_id) + 1
+        offsets = self.tokenizer(block_text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        first, last = start - block_start, end - block_start
+        if 0 <= first <= last < len(offsets):
+            return block_text[offsets[first][0] : offsets[last][1]]
+        return self.tokenizer.decode(row[start : end + 1])
+
+    def _read_context(self, encoded, row: int, context: str, top_k: int):
+        """Read only the given context (split into reader-sized windows), no retrieval."""
+        question = [
+            i for i, keep in zip(encoded["input_ids"][row].tolist(), encoded["attention_mask"][row].tolist()) if keep
+        ][1:-1]
+        max_length = self.model.config.reader_seq_len
+        budget = max_length - len(question) - 3
+        context_tokens = self.tokenizer(context, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = context_tokens["input_ids"], context_tokens["offset_mapping"]
+        if not ids:
+            raise ValueError("The context is empty: give the text the answer should be read from.")
+        windows = [(begin, min(begin + budget, len(ids))) for begin in range(0, len(ids), max(budget // 2, 1))]
+        windows = [w for i, w in enumerate(windows) if i == 0 or windows[i - 1][1] < len(ids)]
+        cls_id, sep_id, pad_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id
+        seq_len = max(len(question) + 3 + (end - begin) for begin, end in windows)
+        seq_len = max(seq_len, self.model.config.max_span_width)
+        input_ids = torch.full((len(windows), seq_len), pad_id, dtype=torch.long)
+        token_type_ids = torch.zeros_like(input_ids)
+        attention_mask = torch.zeros_like(input_ids)
+        block_mask = torch.zeros_like(input_ids, dtype=torch.bool)
+        for w, (begin, end) in enumerate(windows):
+            tokens = [cls_id, *question, sep_id, *ids[begin:end], sep_id]
+            input_ids[w, : len(tokens)] = torch.tensor(tokens)
+            attention_mask[w, : len(tokens)] = 1
+            token_type_ids[w, len(question) + 2 : len(tokens)] = 1
+            block_mask[w, len(question) + 2 : len(tokens) - 1] = True
+        device = self.device
+        output = self.model.reader(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            token_type_ids=token_type_ids.to(device),
+            relevance_score=torch.zeros(len(windows), device=device),
+            block_mask=block_mask.to(device),
+            output_reader_logits=True,
+            return_dict=True,
+        )
+        answers = []
+        for w, start, end, score in self._top_spans(output.reader_logits, input_ids, top_k):
+            first = windows[w][0] + start - (len(question) + 2)
+            last = windows[w][0] + end - (len(question) + 2)
+            answers.append(
+                {
+                    "answer": context[offsets[first][0] : offsets[last][1]],
+                    "score": score,
+                    "start": offsets[first][0],
+                    "end": offsets[last][1],
+                }
+            )
+        return answers
+
+
+__all__ = ["RealmQuestionAnsweringPipeline"]

@@ -1,0 +1,445 @@
+"""The REALM retriever: the knowledge corpus (block records), its MIPS index, and the reader's inputs.
+
+Folder layout (what `save_pretrained` writes beside the model weights, and what a Hub repo holds):
+    block_records.safetensors   titles and texts, memory-mapped (see block_records.py)
+    block_index/                block embeddings + index + index_config.json (see index_realm.py)
+    vocab.txt, tokenizer files  the tokenizer, loaded through AutoTokenizer
+Legacy 4.x open-QA folders hold `block_records.npy` (a pickled object array, read here WITHOUT unpickling) and keep
+the block embeddings as the `block_emb` weight of the model checkpoint; both are read as the 4.x port did.
+"""
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer, BatchEncoding
+from transformers.utils import logging
+
+from .block_records import BlockRecords, convert_legacy_block_records
+from .index_realm import RealmBlockIndex
+
+logger = logging.get_logger(__name__)
+
+BLOCK_RECORDS_NAME = "block_records.safetensors"
+LEGACY_BLOCK_RECORDS_NAME = "block_records.npy"
+BLOCK_INDEX_DIR = "block_index"
+LEGACY_WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
+LEGACY_WEIGHT_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+TOKENIZER_PATTERNS = ["vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def legacy_cache_dir() -> str:
+    """Where converted legacy block records are kept (OPENREALM_CACHE, default ~/.cache/openrealm)."""
+    return os.environ.get("OPENREALM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "openrealm"))
+
+
+class SequenceBlockRecords:
+    """Block records held in memory: a sequence of texts (bytes or str), as the 4.x `RealmRetriever` took them."""
+
+    def __init__(self, texts: Sequence, titles: Sequence | None = None):
+        self._texts = texts
+        self._titles = titles
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    @staticmethod
+    def _decode(value, block_id: int) -> str:
+        if isinstance(value, (bytes, np.bytes_)):
+            try:
+                return bytes(value).decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"block {block_id} of the in-memory block records is not valid UTF-8: {error}"
+                ) from error
+        return str(value)
+
+    def texts(self, ids) -> list[str]:
+        return [self._decode(self._texts[i], i) for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist()]
+
+    def titles(self, ids) -> list[str]:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
+        if self._titles is None:
+            return ["" for _ in ids]
+        return [self._decode(self._titles[i], i) for i in ids]
+
+
+def normalize_answer_ids(answer_ids, batch_size: int) -> list[list[list[int]]] | None:
+    """Answers as one list of wordpiece-id lists per question.
+
+    Accepts, for one question, a list of answers (lists or 1-D tensors) or a tensor [A, len] padded with -1/-100; for
+    B questions, a list of B such values or a tensor [B, A, len]. (The 4.x port silently found no answer when given a
+    tensor.)
+    """
+    if answer_ids is None:
+        return None
+
+    def clean(answer) -> list[int]:
+        values = answer.tolist() if isinstance(answer, (torch.Tensor, np.ndarray)) else list(answer)
+        return [int(v) for v in values if int(v) >= 0]
+
+    def per_question(answers) -> list[list[int]]:
+        if isinstance(answers, (torch.Tensor, np.ndarray)):
+            if answers.ndim == 1:
+                answers = answers[None]
+            if answers.ndim != 2:
+                raise ValueError(
+                    f"answer_ids of one question must be [num_answers, length], got shape {answers.shape}"
+                )
+        cleaned = [clean(answer) for answer in answers]
+        return [answer for answer in cleaned if answer]
+
+    def depth(value) -> int:
+        if isinstance(value, (torch.Tensor, np.ndarray)):
+            return value.ndim
+        if isinstance(value, (list, tuple)):
+            return 1 + (depth(value[0]) if len(value) else 1)
+        return 0
+
+    if depth(answer_ids) == 2 and batch_size == 1:
+        answer_ids = [answer_ids]
+    if depth(answer_ids) != 3 or len(answer_ids) != batch_size:
+        raise ValueError(
+            f"answer_ids must hold one list of answers per question ({batch_size} question(s)); each answer is a list "
+            "of wordpiece ids without special tokens."
+        )
+    return [per_question(answers) for answers in answer_ids]
+
+
+def find_answer_spans(block_ids: list[int], offset: int, answers: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Every occurrence of every answer (exact wordpiece match) in block_ids; positions shifted by offset, inclusive."""
+    starts, ends = [], []
+    for answer in answers:
+        width = len(answer)
+        for idx in range(len(block_ids) - width + 1):
+            if block_ids[idx] == answer[0] and block_ids[idx : idx + width] == answer:
+                starts.append(offset + idx)
+                ends.append(offset + idx + width - 1)
+    return starts, ends
+
+
+class RealmRetriever:
+    """Owns the knowledge corpus (`block_records`: one record per block, title and text), its MIPS index
+    (`RealmBlockIndex`, swappable at run time) and the tokenizer, and builds the reader's inputs.
+
+    Args:
+        block_records: `BlockRecords` (memory-mapped), or a sequence of block texts (bytes or str) as in 4.x.
+        tokenizer: a BERT WordPiece tokenizer (`AutoTokenizer` of the checkpoint).
+        index: the `RealmBlockIndex` over the blocks' embeddings (row i = block i). Needed to search.
+    """
+
+    def __init__(self, block_records, tokenizer, index: RealmBlockIndex | None = None):
+        if not hasattr(block_records, "texts"):
+            block_records = SequenceBlockRecords(block_records)
+        self.block_records = block_records
+        self.tokenizer = tokenizer
+        self._index_lock = threading.Lock()
+        self._index = None
+        if index is not None:
+            self.swap_index(index)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Index
+    # ----------------------------------------------------------------------------------------------------------------
+
+    @property
+    def index(self) -> RealmBlockIndex:
+        if self._index is None:
+            raise ValueError("This RealmRetriever has no index: pass index= or load one with from_pretrained.")
+        return self._index
+
+    @property
+    def index_version(self) -> int | None:
+        return None if self._index is None else self._index.version
+
+    def swap_index(self, index: RealmBlockIndex) -> None:
+        """Replace the index (e.g. after a refresh); takes effect for the next search. Row count must match."""
+        if index.num_blocks != len(self.block_records):
+            raise ValueError(
+                f"The index has {index.num_blocks} block embeddings but the block records hold "
+                f"{len(self.block_records)} blocks: row i of the embeddings must be block i."
+            )
+        with self._index_lock:
+            self._index = index
+
+    def search(self, query_emb: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """query_emb [Q, P] -> (scores [Q, k], block ids [Q, k]), best first."""
+        with self._index_lock:
+            index = self.index
+        if k > index.num_blocks:
+            raise ValueError(f"Cannot retrieve {k} blocks from a corpus of {index.num_blocks} blocks.")
+        return index.search(query_emb, k)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Reader inputs
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def question_token_ids(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> list[list[int]]:
+        """The question wordpieces without [CLS]/[SEP]/padding, taken from the ids as given (the 4.x port decoded
+        and re-tokenized them, which dropped out-of-vocabulary words)."""
+        questions = []
+        for row, ids in enumerate(input_ids.tolist()):
+            if attention_mask is not None:
+                ids = [i for i, keep in zip(ids, attention_mask[row].tolist()) if keep]
+            else:
+                ids = [i for i in ids if i != self.tokenizer.pad_token_id]
+            if ids and ids[0] == self.tokenizer.cls_token_id:
+                ids = ids[1:]
+            if ids and ids[-1] == self.tokenizer.sep_token_id:
+                ids = ids[:-1]
+            questions.append(ids)
+        return questions
+
+    def block_token_ids(self, block_ids: Sequence[int]) -> list[list[int]]:
+        """Wordpieces of the blocks' texts (no title: REALM's reader reads the body only)."""
+        texts = self.block_records.texts(block_ids)
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def build_reader_inputs(
+        self,
+        question_ids: list[list[int]],
+        block_ids: torch.Tensor,
+        answer_ids: list[list[list[int]]] | None = None,
+        max_length: int | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """`[CLS] question [SEP] block [SEP]` for each question and each of its retrieved blocks.
+
+        question_ids: B lists of wordpieces; block_ids [B, S]; answer_ids: per question a list of answers.
+        Returns input_ids, attention_mask, token_type_ids, block_mask [B, S, L] (L = longest row; block_mask is True
+        on block wordpieces only), and with answers has_answers [B, S] and start_positions / end_positions [B, S, A]
+        (inclusive, padded with -1). The question is kept whole and the block is cut to fit max_length, as in ORQA;
+        a question longer than half of max_length is truncated with a warning.
+        """
+        cls_id, sep_id, pad_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id
+        max_length = max_length or self.tokenizer.model_max_length
+        block_ids = torch.as_tensor(block_ids).reshape(len(question_ids), -1)
+        block_tokens = self.block_token_ids(block_ids.reshape(-1).tolist())
+        num_blocks = block_ids.shape[1]
+
+        rows, type_rows, spans = [], [], []
+        for b, question in enumerate(question_ids):
+            if len(question) > max_length // 2:
+                logger.warning(
+                    f"Question {b} has {len(question)} wordpieces; truncated to {max_length // 2} (half of the reader "
+                    f"input length {max_length})."
+                )
+                question = question[: max_length // 2]
+            budget = max_length - len(question) - 3
+            for s in range(num_blocks):
+                block = block_tokens[b * num_blocks + s][:budget]
+                rows.append([cls_id, *question, sep_id, *block, sep_id])
+                type_rows.append([0] * (len(question) + 2) + [1] * (len(block) + 1))
+                if answer_ids is not None:
+                    spans.append(find_answer_spans(block, len(question) + 2, answer_ids[b]))
+
+        seq_len = max(len(row) for row in rows)
+        input_ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
+        token_type_ids = torch.zeros((len(rows), seq_len), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), seq_len), dtype=torch.long)
+        block_mask = torch.zeros((len(rows), seq_len), dtype=torch.bool)
+        for r, (row, types) in enumerate(zip(rows, type_rows)):
+            input_ids[r, : len(row)] = torch.tensor(row)
+            token_type_ids[r, : len(row)] = torch.tensor(types)
+            attention_mask[r, : len(row)] = 1
+            block_start = types.index(1) if 1 in types else len(row)
+            block_mask[r, block_start : len(row) - 1] = True
+
+        shape = (len(question_ids), num_blocks, seq_len)
+        inputs = {
+            "input_ids": input_ids.view(shape),
+            "attention_mask": attention_mask.view(shape),
+            "token_type_ids": token_type_ids.view(shape),
+            "block_mask": block_mask.view(shape),
+        }
+        if answer_ids is not None:
+            max_answers = max(len(starts) for starts, _ in spans)
+            starts = torch.full((len(rows), max_answers), -1, dtype=torch.long)
+            ends = torch.full((len(rows), max_answers), -1, dtype=torch.long)
+            for r, (row_starts, row_ends) in enumerate(spans):
+                starts[r, : len(row_starts)] = torch.tensor(row_starts, dtype=torch.long)
+                ends[r, : len(row_ends)] = torch.tensor(row_ends, dtype=torch.long)
+            inputs["has_answers"] = torch.tensor([len(s) > 0 for s, _ in spans]).view(shape[:2])
+            inputs["start_positions"] = starts.view(*shape[:2], max_answers)
+            inputs["end_positions"] = ends.view(*shape[:2], max_answers)
+        return inputs
+
+    def __call__(self, retrieved_block_ids, question_input_ids, answer_ids=None, max_length=None, return_tensors="pt"):
+        """The 4.x call for one question: -> (has_answers, start_pos, end_pos, concat_inputs).
+
+        concat_inputs holds input_ids, attention_mask, token_type_ids, special_tokens_mask [S, L] tensors.
+        """
+        if return_tensors != "pt":
+            raise ValueError("RealmRetriever returns PyTorch tensors only (return_tensors='pt').")
+        question_input_ids = torch.as_tensor(question_input_ids)
+        questions = self.question_token_ids(question_input_ids[:1])
+        block_ids = torch.as_tensor(retrieved_block_ids).reshape(1, -1)
+        answers = normalize_answer_ids(answer_ids, 1)
+        inputs = self.build_reader_inputs(questions, block_ids, answers, max_length=max_length)
+        concat_inputs = BatchEncoding(
+            {
+                "input_ids": inputs["input_ids"][0],
+                "attention_mask": inputs["attention_mask"][0],
+                "token_type_ids": inputs["token_type_ids"][0],
+                "special_tokens_mask": (~inputs["block_mask"][0]).long(),
+            }
+        )
+        if answers is None:
+            return None, None, None, concat_inputs
+        return (
+            inputs["has_answers"][0].tolist(),
+            inputs["start_positions"][0].tolist(),
+            inputs["end_positions"][0].tolist(),
+            concat_inputs,
+        )
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Loading and saving
+    # ----------------------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        tokenizer=None,
+        index: RealmBlockIndex | None = None,
+        missing_ok: bool = False,
+        **hub_kwargs,
+    ) -> "RealmRetriever | None":
+        """Load the retriever of a local folder or Hub repo: the new layout (block_records.safetensors + block_index/)
+        or a legacy 4.x open-QA folder (block_records.npy + the `block_emb` weight). With missing_ok, return None when
+        the folder holds no block records (e.g. a reader-only checkpoint).
+        """
+        folder = resolve_folder(pretrained_model_name_or_path, **hub_kwargs)
+        new_records = os.path.join(folder, BLOCK_RECORDS_NAME)
+        legacy_records = os.path.join(folder, LEGACY_BLOCK_RECORDS_NAME)
+        if os.path.isfile(new_records):
+            records = BlockRecords.open(new_records)
+            index_dir = os.path.join(folder, BLOCK_INDEX_DIR)
+            if index is None and os.path.isdir(index_dir):
+                index = RealmBlockIndex.from_pretrained(index_dir)
+        elif os.path.isfile(legacy_records):
+            records = open_legacy_block_records(legacy_records)
+            if index is None:
+                index = RealmBlockIndex(load_legacy_block_emb(folder), index_type="exact", version=0)
+        elif missing_ok:
+            return None
+        else:
+            raise FileNotFoundError(
+                f"No block records in {folder}: expected {BLOCK_RECORDS_NAME} (with {BLOCK_INDEX_DIR}/) or the legacy "
+                f"{LEGACY_BLOCK_RECORDS_NAME}."
+            )
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        if index is not None and index.num_blocks != len(records):
+            raise ValueError(
+                f"The block embeddings in {folder} have {index.num_blocks} rows but the block records hold "
+                f"{len(records)} blocks."
+            )
+        return cls(records, tokenizer, index=index)
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write block records, index and tokenizer into save_directory (each file atomically)."""
+        os.makedirs(save_directory, exist_ok=True)
+        target = os.path.join(save_directory, BLOCK_RECORDS_NAME)
+        source = getattr(self.block_records, "path", None)
+        if source is None or os.path.abspath(source) != os.path.abspath(target):
+            BlockRecords.write(target, self.iter_records(), num_blocks_hint=len(self.block_records))
+        if self._index is not None:
+            self._index.save_pretrained(os.path.join(save_directory, BLOCK_INDEX_DIR))
+        self.tokenizer.save_pretrained(save_directory)
+
+    def iter_records(self, batch_size: int = 4096):
+        """Yield (title, text) for every block, in block order."""
+        for start in range(0, len(self.block_records), batch_size):
+            ids = range(start, min(start + batch_size, len(self.block_records)))
+            yield from zip(self.block_records.titles(ids), self.block_records.texts(ids))
+
+    def push_to_hub(self, repo_id: str, commit_message: str = "Upload REALM retriever", **kwargs) -> str:
+        """Upload block records, index and tokenizer to a Hub model repo; returns the commit URL."""
+        import tempfile
+
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=kwargs.pop("token", None))
+        api.create_repo(repo_id, exist_ok=True, private=kwargs.pop("private", None))
+        with tempfile.TemporaryDirectory() as tmp:
+            self.save_pretrained(tmp)
+            return api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message, **kwargs)
+
+
+def resolve_folder(pretrained_model_name_or_path: str | os.PathLike, **hub_kwargs) -> str:
+    """A local folder as is; a Hub repo id downloaded (retriever, tokenizer and legacy weight files only)."""
+    path = os.fspath(pretrained_model_name_or_path)
+    if os.path.isdir(path):
+        return path
+    from huggingface_hub import snapshot_download
+
+    patterns = [
+        BLOCK_RECORDS_NAME,
+        f"{BLOCK_INDEX_DIR}/*",
+        LEGACY_BLOCK_RECORDS_NAME,
+        *TOKENIZER_PATTERNS,
+        *LEGACY_WEIGHT_NAMES,
+        *LEGACY_WEIGHT_INDEX_NAMES,
+        "*.safetensors",
+        "*.bin",
+    ]
+    return snapshot_download(path, allow_patterns=patterns, **hub_kwargs)
+
+
+def open_legacy_block_records(npy_path: str) -> BlockRecords:
+    """The legacy pickled records, converted once (streaming, without unpickling) into a memory-mapped cache file."""
+    stat = os.stat(npy_path)
+    key = hashlib.sha256(f"{os.path.realpath(npy_path)}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+    cached = os.path.join(legacy_cache_dir(), "legacy_block_records", key, BLOCK_RECORDS_NAME)
+    if os.path.isfile(cached):
+        return BlockRecords.open(cached)
+    logger.info(f"Converting legacy {npy_path} to {cached} (once; no pickle is executed).")
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    return convert_legacy_block_records(npy_path, cached)
+
+
+def load_legacy_block_emb(folder: str) -> torch.Tensor:
+    """The `block_emb` weight [num_blocks, P] of a 4.x RealmForOpenQA checkpoint, memory-mapped where possible."""
+    for index_name in LEGACY_WEIGHT_INDEX_NAMES:
+        index_path = os.path.join(folder, index_name)
+        if os.path.isfile(index_path):
+            with open(index_path, encoding="utf-8") as f:
+                weight_map = json.load(f).get("weight_map", {})
+            if "block_emb" in weight_map:
+                return read_weight(os.path.join(folder, weight_map["block_emb"]), "block_emb")
+    for name in LEGACY_WEIGHT_NAMES:
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            return read_weight(path, "block_emb")
+    raise FileNotFoundError(
+        f"{folder} has legacy block records but no model weights holding `block_emb` ({', '.join(LEGACY_WEIGHT_NAMES)})."
+    )
+
+
+def read_weight(path: str, name: str) -> torch.Tensor:
+    """One tensor from a safetensors file or a legacy .bin (torch.load with weights_only=True, memory-mapped)."""
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            if name not in f.keys():
+                raise KeyError(f"{path} has no tensor named {name!r}.")
+            return f.get_tensor(name)
+    try:
+        state_dict = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # noqa: BLE001 - any failure here means the file cannot be used
+        raise ValueError(f"Cannot read weights from {path}: {error}") from error
+    if name not in state_dict:
+        raise KeyError(f"{path} has no tensor named {name!r}.")
+    return state_dict[name]
+
+
+__all__ = ["RealmRetriever", "normalize_answer_ids"]

@@ -1,0 +1,71 @@
+"""The `openrealm` command line (also `python -m openrealm` and `accelerate launch -m openrealm`).
+
+openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq]   # a 4.x REALM folder -> OpenREALM layout
+openrealm ask --model MODEL "question" [--top-k 3]                        # answers with their blocks
+"""
+
+import argparse
+import json
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="openrealm", description="REALM for transformers 5.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert = commands.add_parser("convert", help="convert a transformers 4.x REALM folder to the OpenREALM layout")
+    convert.add_argument("source", help="4.x folder or Hub repo id (e.g. google/realm-orqa-nq-openqa)")
+    convert.add_argument("destination", help="new folder to write (must not exist)")
+    convert.add_argument("--index-type", default="exact", help="MIPS index over the block embeddings (default exact)")
+
+    ask = commands.add_parser("ask", help="answer questions with a REALM open-QA model")
+    ask.add_argument("--model", required=True, help="folder or Hub repo id of a RealmForOpenQA checkpoint")
+    ask.add_argument("question", nargs="*", help="question(s); read from stdin, one per line, when none is given")
+    ask.add_argument("--top-k", type=int, default=1, help="answers per question")
+    ask.add_argument("--num-blocks", type=int, default=None, help="blocks read per question (default: config)")
+    ask.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    return parser
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    import openrealm
+
+    destination = openrealm.convert_legacy_folder(args.source, args.destination, index_type=args.index_type)
+    print(f"Converted {args.source} -> {destination}")
+    return 0
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    from transformers import pipeline
+
+    import openrealm  # noqa: F401 - registers the question-answering pipeline
+
+    questions = args.question or [line.strip() for line in sys.stdin if line.strip()]
+    if not questions:
+        print("openrealm ask: no question given (pass one, or pipe them on stdin).", file=sys.stderr)
+        return 2
+    qa = pipeline("question-answering", model=args.model)
+    results = qa(questions, top_k=args.top_k, num_blocks=args.num_blocks)
+    for question, answers in zip(questions, results):
+        answers = answers if isinstance(answers, list) else [answers]
+        if args.json:
+            print(json.dumps({"question": question, "answers": answers}, ensure_ascii=False))
+            continue
+        print(f"Q: {question}")
+        for answer in answers:
+            print(f"  A: {answer['answer']}  (score {answer['score']:.3f})")
+            print(
+                f"     block {answer['block_id']} [{answer['title']}] retrieval score {answer['retrieval_score']:.3f}"
+            )
+            print(f"     {answer['text'][:300]}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"convert": run_convert, "ask": run_ask}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
