@@ -167,6 +167,48 @@ def marginal_log_loss(logits: torch.Tensor, is_correct: torch.Tensor) -> torch.T
     return torch.logsumexp(logits, dim=-1) - log_numerator
 
 
+# The BERT config fields a REALM config takes over when starting from a BERT checkpoint.
+BERT_CONFIG_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "pad_token_id",
+)
+
+
+def find_corrupt_weights(folder) -> str | None:
+    """After a failed load: the weights file of a local folder that is truncated or garbled, if any."""
+    import zipfile
+
+    from safetensors import safe_open
+
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        return None
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        try:
+            if name.endswith(".safetensors"):
+                with safe_open(path, framework="pt") as weights:
+                    weights.keys()
+            elif name.endswith(".bin"):
+                with zipfile.ZipFile(path) as archive:
+                    if archive.testzip() is not None:
+                        return path
+        except Exception:  # noqa: BLE001 - any failure to open means the file is unusable
+            return path
+    return None
+
+
 def flatten_candidates(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """[B, C, L] -> [B*C, L]; 2-D inputs pass through."""
     if tensor is None or tensor.dim() <= 2:
@@ -190,6 +232,63 @@ class RealmPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _no_split_modules = ["BertEmbeddings", "BertLayer"]
     _can_record_outputs = {"hidden_states": BertLayer, "attentions": BertSelfAttention}
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' from_pretrained, with errors that name the problem and the folder for weights that
+        contradict the config and for corrupted weight files."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            if isinstance(error, RuntimeError) and "ignore_mismatched_sizes" in str(error):
+                _, info = super().from_pretrained(
+                    pretrained_model_name_or_path,
+                    *model_args,
+                    **{**kwargs, "ignore_mismatched_sizes": True, "output_loading_info": True},
+                )
+                details = "; ".join(
+                    f"{key}: weights {tuple(stored)} vs config {tuple(expected)}"
+                    for key, stored, expected in list(info["mismatched_keys"])[:4]
+                )
+                raise ValueError(
+                    f"The config of {pretrained_model_name_or_path} contradicts its weights ({details}). Fix "
+                    "config.json or pass ignore_mismatched_sizes=True to re-initialise the mismatched weights."
+                ) from error
+            corrupt = find_corrupt_weights(pretrained_model_name_or_path)
+            if corrupt is not None:
+                raise ValueError(
+                    f"The weights file {corrupt} is corrupted or truncated ({type(error).__name__}: {error})."
+                ) from error
+            raise
+
+    @classmethod
+    def from_bert_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """Start from a plain BERT checkpoint (`bert.*` keys of BertFor*, or the bare keys of a saved BertModel such
+        as all-MiniLM-L6-v2): its encoder loads under `realm.`, REALM's own heads are newly initialised.
+
+        RealmConfig fields in kwargs (e.g. retriever_proj_size) override those taken from the BERT config. Only the
+        single-encoder classes (RealmEmbedder, RealmKnowledgeAugEncoder, RealmReader) load this way; build a
+        RealmScorer or RealmForOpenQA from them.
+        """
+        from transformers import AutoConfig
+
+        if cls not in (RealmEmbedder, RealmKnowledgeAugEncoder, RealmReader):
+            raise ValueError(
+                f"{cls.__name__} holds several encoders: load RealmEmbedder/RealmReader.from_bert_pretrained and "
+                f"assign them (e.g. model.embedder = RealmEmbedder.from_bert_pretrained(...))."
+            )
+        realm_fields = {name for name in RealmConfig.__dataclass_fields__}
+        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in realm_fields}
+        bert_config = AutoConfig.from_pretrained(pretrained_model_name_or_path)
+        if getattr(bert_config, "model_type", None) != "bert":
+            raise ValueError(
+                f"{pretrained_model_name_or_path} is a {bert_config.model_type!r} checkpoint; from_bert_pretrained "
+                "takes BERT checkpoints."
+            )
+        fields = {name: getattr(bert_config, name) for name in BERT_CONFIG_FIELDS if hasattr(bert_config, name)}
+        config = RealmConfig(**{**fields, **overrides})
+        key_mapping = {r"^bert\.": "realm.", r"^(embeddings|encoder|pooler)\.": r"realm.\1."}
+        return cls.from_pretrained(pretrained_model_name_or_path, config=config, key_mapping=key_mapping, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -599,7 +698,12 @@ class RealmForOpenQA(RealmPreTrainedModel):
                 for key in ("revision", "cache_dir", "token", "local_files_only", "force_download")
                 if key in kwargs
             }
-            retriever = RealmRetriever.from_pretrained(pretrained_model_name_or_path, missing_ok=True, **hub_kwargs)
+            retriever = RealmRetriever.from_pretrained(
+                pretrained_model_name_or_path,
+                missing_ok=True,
+                trust_remote_code=kwargs.get("trust_remote_code"),
+                **hub_kwargs,
+            )
         model.retriever = retriever
         return loaded
 

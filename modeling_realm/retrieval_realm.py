@@ -310,11 +310,13 @@ class RealmRetriever:
         tokenizer=None,
         index: RealmBlockIndex | None = None,
         missing_ok: bool = False,
+        trust_remote_code: bool | None = None,
         **hub_kwargs,
     ) -> "RealmRetriever | None":
         """Load the retriever of a local folder or Hub repo: the new layout (block_records.safetensors + block_index/)
         or a legacy 4.x open-QA folder (block_records.npy + the `block_emb` weight). With missing_ok, return None when
-        the folder holds no block records (e.g. a reader-only checkpoint).
+        the folder holds no block records (e.g. a reader-only checkpoint). `trust_remote_code` is passed to
+        AutoTokenizer: where openrealm is not installed, the folder's tokenizer is its custom code (auto_map).
         """
         folder = resolve_folder(pretrained_model_name_or_path, **hub_kwargs)
         new_records = os.path.join(folder, BLOCK_RECORDS_NAME)
@@ -336,7 +338,7 @@ class RealmRetriever:
                 f"{LEGACY_BLOCK_RECORDS_NAME}."
             )
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(folder)
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         if index is not None and index.num_blocks != len(records):
             raise ValueError(
                 f"The block embeddings in {folder} have {index.num_blocks} rows but the block records hold "

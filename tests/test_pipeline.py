@@ -1,0 +1,117 @@
+"""pipeline("question-answering") for REALM open-QA folders: answers with provenance, batches, top_k, a given
+context, and clear errors for bad questions."""
+
+import logging
+
+import pytest
+import torch
+from conftest import BLOCK_TEXTS, make_openqa_model
+from transformers import pipeline
+
+import openrealm
+from openrealm import RealmQuestionAnsweringPipeline
+
+QUESTIONS = [
+    "where does the nile flow ?",
+    "who was a pioneer of computer science ?",
+    "what is the capital of france ?",
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("openqa")
+    make_openqa_model(seed=0).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def qa(folder):
+    return pipeline("question-answering", model=str(folder))
+
+
+def test_importing_openrealm_registers_the_question_answering_task(qa):
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    assert PIPELINE_REGISTRY.supported_tasks["question-answering"]["impl"] is RealmQuestionAnsweringPipeline
+    assert isinstance(qa, RealmQuestionAnsweringPipeline)
+    assert isinstance(qa.model, openrealm.RealmForOpenQA) and qa.model.retriever is not None
+
+
+def test_a_question_gets_an_answer_from_a_retrieved_block_with_provenance(qa):
+    result = qa(QUESTIONS[0])
+    assert set(result) == {"answer", "score", "block_id", "title", "text", "retrieval_score"}
+    assert result["text"] == BLOCK_TEXTS[result["block_id"]]
+    assert result["title"] == f"title {result['block_id']}"
+    assert result["answer"] and result["answer"] in result["text"]
+    assert 0.0 < result["score"] <= 1.0
+
+
+def test_the_answer_is_the_models_prediction(qa, folder):
+    model = qa.model
+    encoded = qa.tokenizer([QUESTIONS[0]], return_tensors="pt")
+    with torch.no_grad():
+        output = model(**encoded)
+    result = qa(QUESTIONS[0])
+    assert result["block_id"] == output.predicted_block_ids.item()
+    assert result["answer"].lower().split() == qa.tokenizer.decode(output.predicted_answer_ids).split()
+    probabilities = model(**encoded, output_reader_logits=True).reader_output.reader_logits.reshape(-1).softmax(-1)
+    assert result["score"] == pytest.approx(probabilities.max().item(), rel=1e-5)
+
+
+def test_a_list_of_questions_is_answered_in_batches_like_one_at_a_time(qa):
+    together = qa(QUESTIONS, batch_size=2)
+    assert len(together) == 3
+    for question, answer in zip(QUESTIONS, together):
+        alone = qa(question)
+        assert (answer["answer"], answer["block_id"]) == (alone["answer"], alone["block_id"])
+        assert answer["score"] == pytest.approx(alone["score"], rel=1e-4)
+
+
+def test_top_k_returns_distinct_answers_best_first(qa):
+    answers = qa(QUESTIONS[1], top_k=3)
+    assert len(answers) == 3
+    scores = [answer["score"] for answer in answers]
+    assert scores == sorted(scores, reverse=True)
+    assert len({(a["block_id"], a["answer"]) for a in answers}) == 3
+    assert answers[0]["answer"] == qa(QUESTIONS[1])["answer"]
+
+
+def test_more_blocks_can_be_read_per_call(qa):
+    assert qa(QUESTIONS[0], num_blocks=6, top_k=6)[0]["block_id"] in range(6)
+
+
+def test_with_a_context_only_the_given_text_is_read(qa):
+    context = "The Nile flows through Egypt and Sudan."
+    result = qa(QUESTIONS[0], context=context)
+    assert set(result) == {"answer", "score", "start", "end"}
+    assert context[result["start"] : result["end"]] == result["answer"]
+    assert 0.0 < result["score"] <= 1.0
+
+
+def test_a_long_context_is_read_in_windows(qa):
+    context = " ".join(["the river flows through the city ."] * 30) + " Cairo is in Egypt."
+    answers = qa(QUESTIONS[0], context=context, top_k=2)
+    assert all(context[a["start"] : a["end"]] == a["answer"] for a in answers)
+
+
+@pytest.mark.parametrize("question", ["", "   ", "\n\t"])
+def test_an_empty_question_is_refused(qa, question):
+    with pytest.raises(ValueError, match="empty or whitespace"):
+        qa(question)
+
+
+def test_an_over_long_question_is_truncated_with_a_warning(qa, caplog):
+    question = " ".join(["where does the river flow ?"] * 20)
+    with caplog.at_level(logging.WARNING):
+        result = qa(question)
+    assert "truncated" in caplog.text
+    assert result["text"] in BLOCK_TEXTS
+
+
+def test_the_folder_loads_without_trust_remote_code_when_openrealm_is_installed(folder):
+    """The folder carries custom_pipelines for environments without openrealm; openrealm's own pipeline serves it."""
+    import json
+
+    assert "custom_pipelines" in json.loads((folder / "config.json").read_text())
+    assert isinstance(pipeline("question-answering", model=str(folder)), RealmQuestionAnsweringPipeline)
