@@ -29,12 +29,17 @@ MODEL_CLASSES = {
 
 
 def convert_legacy_folder(
-    source: str | os.PathLike, destination: str | os.PathLike, index_type: str = "exact", **index_params
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    index_type: str = "exact",
+    overwrite: bool = False,
+    **index_params,
 ) -> str:
     """Convert `source` (local folder or Hub id) into `destination` (written atomically); returns destination.
 
     The model class comes from config.architectures. For an open-QA folder, `index_type` / `index_params` choose
-    the MIPS index built over the legacy block embeddings (default: exact, as the 4.x port searched).
+    the MIPS index built over the legacy block embeddings (default: exact, as the 4.x port searched). An existing
+    destination is refused unless `overwrite`, in which case it is replaced only once the new folder is complete.
     """
     config = RealmConfig.from_pretrained(source)
     architecture = next((name for name in (config.architectures or []) if name in MODEL_CLASSES), None)
@@ -55,9 +60,15 @@ def convert_legacy_folder(
         model.save_pretrained(staging)
         if retriever is None:
             AutoTokenizer.from_pretrained(source).save_pretrained(staging)
+        if os.path.exists(destination) and not overwrite:
+            raise FileExistsError(f"{destination} already exists; choose a new destination or pass overwrite=True.")
+        previous = None
         if os.path.exists(destination):
-            raise FileExistsError(f"{destination} already exists; choose a new destination.")
+            previous = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
+            os.replace(destination, os.path.join(previous, "old"))
         os.replace(staging, destination)
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

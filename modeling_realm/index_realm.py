@@ -403,6 +403,8 @@ def _build_faiss(block_emb: torch.Tensor, index_type: str, params: dict, add_chu
     index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     if index_type == "hnsw":
         index.hnsw.efConstruction = params["ef_construction"]
+    if index_type in ("ivfpq", "pq"):
+        index.do_polysemous_training = False  # only serves Hamming pre-filtering, which we don't use; slow to train
     if not index.is_trained:
         # Seed both the training sample and faiss' k-means so builds are reproducible.
         for clustering in _clustering_params(index):

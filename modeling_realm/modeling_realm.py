@@ -11,6 +11,7 @@ S = blocks retrieved per question, R = blocks read per question (R <= S), V = vo
 
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -209,6 +210,19 @@ def find_corrupt_weights(folder) -> str | None:
     return None
 
 
+def move_into(staging: str, directory: str) -> None:
+    """Move every entry of staging into directory, each replacing its namesake by rename (folders are swapped)."""
+    for name in os.listdir(staging):
+        source, target = os.path.join(staging, name), os.path.join(directory, name)
+        if os.path.isdir(source) and os.path.exists(target):
+            retired = tempfile.mkdtemp(prefix=".replaced-", dir=directory)
+            os.replace(target, os.path.join(retired, name))
+            os.replace(source, target)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(source, target)
+
+
 def flatten_candidates(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """[B, C, L] -> [B*C, L]; 2-D inputs pass through."""
     if tensor is None or tensor.dim() <= 2:
@@ -260,6 +274,26 @@ class RealmPreTrainedModel(PreTrainedModel):
                     f"The weights file {corrupt} is corrupted or truncated ({type(error).__name__}: {error})."
                 ) from error
             raise
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """transformers' save_pretrained, made atomic: everything is written to a staging folder beside
+        save_directory and each file or folder then replaces its namesake by rename."""
+        if not kwargs.get("is_main_process", True):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        save_directory = os.path.abspath(os.fspath(save_directory))
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_directory {save_directory} is a file, not a folder.")
+        os.makedirs(save_directory, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".saving-", dir=os.path.dirname(save_directory))
+        try:
+            super().save_pretrained(staging, *args, **kwargs)
+            self.save_extra_files(staging)
+            move_into(staging, save_directory)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def save_extra_files(self, save_directory: str) -> None:
+        """Files a subclass saves beside weights and config (none by default)."""
 
     @classmethod
     def from_bert_pretrained(cls, pretrained_model_name_or_path, **kwargs):
@@ -660,6 +694,16 @@ class RealmForOpenQA(RealmPreTrainedModel):
         self.embedder = RealmEmbedder(config)
         self.reader = RealmReader(config)
         self.retriever = retriever
+        # Saved into config.json so that `pipeline("question-answering", model=folder, trust_remote_code=True)` runs
+        # where openrealm is not installed (where it is, RealmConfig hides this entry; see configuration_realm.py).
+        config.custom_pipelines = {
+            "question-answering": {
+                "impl": "pipeline_realm.RealmQuestionAnsweringPipeline",
+                "pt": ["AutoModel"],
+                "tf": [],
+                "type": "text",
+            }
+        }
         self.post_init()
 
     @property
@@ -701,27 +745,16 @@ class RealmForOpenQA(RealmPreTrainedModel):
             retriever = RealmRetriever.from_pretrained(
                 pretrained_model_name_or_path,
                 missing_ok=True,
+                require_index=True,
                 trust_remote_code=kwargs.get("trust_remote_code"),
                 **hub_kwargs,
             )
         model.retriever = retriever
         return loaded
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """Write weights and config, and with a retriever everything needed to answer questions from the folder:
-        tokenizer, block records, block embeddings and index."""
-        # Lets `pipeline("question-answering", model=folder, trust_remote_code=True)` run without openrealm.
-        self.config.custom_pipelines = {
-            "question-answering": {
-                "impl": "pipeline_realm.RealmQuestionAnsweringPipeline",
-                "pt": ["AutoModel"],
-                "tf": [],
-                "type": "text",
-            }
-        }
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if not kwargs.get("is_main_process", True):
-            return
+    def save_extra_files(self, save_directory: str) -> None:
+        """Beside weights and config: the pipeline code and, with a retriever, everything needed to answer questions
+        from the folder alone (tokenizer, block records, block embeddings and index)."""
         pipeline_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_realm.py")
         if os.path.isfile(pipeline_code):
             shutil.copyfile(pipeline_code, os.path.join(save_directory, "pipeline_realm.py"))

@@ -11,6 +11,7 @@ the block embeddings as the `block_emb` weight of the model checkpoint; both are
 import hashlib
 import json
 import os
+import shutil
 import threading
 from collections.abc import Sequence
 
@@ -310,12 +311,14 @@ class RealmRetriever:
         tokenizer=None,
         index: RealmBlockIndex | None = None,
         missing_ok: bool = False,
+        require_index: bool = False,
         trust_remote_code: bool | None = None,
         **hub_kwargs,
     ) -> "RealmRetriever | None":
         """Load the retriever of a local folder or Hub repo: the new layout (block_records.safetensors + block_index/)
         or a legacy 4.x open-QA folder (block_records.npy + the `block_emb` weight). With missing_ok, return None when
-        the folder holds no block records (e.g. a reader-only checkpoint). `trust_remote_code` is passed to
+        the folder holds no block records (e.g. a reader-only checkpoint); with require_index, records without an
+        index are an error. `trust_remote_code` is passed to
         AutoTokenizer: where openrealm is not installed, the folder's tokenizer is its custom code (auto_map).
         """
         folder = resolve_folder(pretrained_model_name_or_path, **hub_kwargs)
@@ -326,6 +329,11 @@ class RealmRetriever:
             index_dir = os.path.join(folder, BLOCK_INDEX_DIR)
             if index is None and os.path.isdir(index_dir):
                 index = RealmBlockIndex.from_pretrained(index_dir)
+            elif index is None and require_index:
+                raise FileNotFoundError(
+                    f"{folder} has block records but no {BLOCK_INDEX_DIR}/: embed the blocks and build an index "
+                    "(RealmBlockIndex.build + save_pretrained) before answering questions from it."
+                )
         elif os.path.isfile(legacy_records):
             records = open_legacy_block_records(legacy_records)
             if index is None:
@@ -351,8 +359,10 @@ class RealmRetriever:
         os.makedirs(save_directory, exist_ok=True)
         target = os.path.join(save_directory, BLOCK_RECORDS_NAME)
         source = getattr(self.block_records, "path", None)
-        if source is None or os.path.abspath(source) != os.path.abspath(target):
+        if source is None:
             BlockRecords.write(target, self.iter_records(), num_blocks_hint=len(self.block_records))
+        elif os.path.abspath(source) != os.path.abspath(target):
+            link_or_copy(source, target)
         if self._index is not None:
             self._index.save_pretrained(os.path.join(save_directory, BLOCK_INDEX_DIR))
         self.tokenizer.save_pretrained(save_directory)
@@ -374,6 +384,17 @@ class RealmRetriever:
         with tempfile.TemporaryDirectory() as tmp:
             self.save_pretrained(tmp)
             return api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message, **kwargs)
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """Put an immutable file at target: a hard link when possible (instant, even for a 12.6 GB corpus), else a copy
+    written beside the target and renamed into place."""
+    temporary = f"{target}.tmp-{os.getpid()}"
+    try:
+        os.link(source, temporary)
+    except OSError:
+        shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
 
 
 def resolve_folder(pretrained_model_name_or_path: str | os.PathLike, **hub_kwargs) -> str:

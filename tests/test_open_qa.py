@@ -280,3 +280,31 @@ def test_legacy_records_are_read_without_unpickling(tmp_path, monkeypatch):
     retriever = RealmRetriever.from_pretrained(fixture_folder("openqa", "hub"))
     assert len(retriever.block_records) == 12
     assert retriever.index.index_type == "exact"
+
+
+def test_a_failed_save_leaves_the_previous_folder_untouched(model, tmp_path, monkeypatch):
+    model.save_pretrained(tmp_path)
+    before = {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()}
+
+    def fail(directory):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model.retriever, "save_pretrained", fail)
+    with pytest.raises(OSError, match="disk full"):
+        model.save_pretrained(tmp_path)
+    assert {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()} == before
+    assert not [path for path in tmp_path.parent.iterdir() if path.name.startswith(".saving-")]
+
+
+def test_folder_with_records_but_no_index_is_refused_naming_the_folder(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    shutil.rmtree(tmp_path / "block_index")
+    with pytest.raises(FileNotFoundError, match="no block_index/"):
+        RealmForOpenQA.from_pretrained(tmp_path)
+
+
+def test_folder_whose_index_rows_contradict_the_records_is_refused(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    RealmBlockIndex.build(torch.randn(4, model.config.retriever_proj_size)).save_pretrained(tmp_path / "block_index")
+    with pytest.raises(ValueError, match=f"{tmp_path}.*4 rows.*6 blocks"):
+        RealmForOpenQA.from_pretrained(tmp_path)

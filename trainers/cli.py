@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("source", help="4.x folder or Hub repo id (e.g. google/realm-orqa-nq-openqa)")
     convert.add_argument("destination", help="new folder to write (must not exist)")
     convert.add_argument("--index-type", default="exact", help="MIPS index over the block embeddings (default exact)")
+    convert.add_argument("--overwrite", action="store_true", help="replace DESTINATION if it exists")
 
     ask = commands.add_parser("ask", help="answer questions with a REALM open-QA model")
     ask.add_argument("--model", required=True, help="folder or Hub repo id of a RealmForOpenQA checkpoint")
@@ -30,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 def run_convert(args: argparse.Namespace) -> int:
     import openrealm
 
-    destination = openrealm.convert_legacy_folder(args.source, args.destination, index_type=args.index_type)
+    destination = openrealm.convert_legacy_folder(
+        args.source, args.destination, index_type=args.index_type, overwrite=args.overwrite
+    )
     print(f"Converted {args.source} -> {destination}")
     return 0
 

@@ -1,0 +1,35 @@
+"""The `openrealm` command line: convert a legacy folder, ask questions."""
+
+import io
+import json
+
+from conftest import BLOCK_TEXTS, fixture_folder, make_openqa_model
+
+from openrealm.trainers.cli import main
+
+
+def test_convert_writes_the_new_layout_and_overwrite_replaces_it(tmp_path, capsys):
+    destination = tmp_path / "converted"
+    assert main(["convert", str(fixture_folder("openqa", "hub")), str(destination)]) == 0
+    assert (destination / "block_records.safetensors").is_file()
+    (destination / "stale-file").write_text("from an earlier run")
+    assert main(["convert", str(fixture_folder("openqa", "hub")), str(destination), "--overwrite"]) == 0
+    assert not (destination / "stale-file").exists()
+    assert "Converted" in capsys.readouterr().out
+
+
+def test_ask_prints_answers_with_their_blocks_as_json(tmp_path, capsys):
+    make_openqa_model(seed=0).save_pretrained(tmp_path)
+    assert main(["ask", "--model", str(tmp_path), "--json", "--top-k", "2", "where does the nile flow ?"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["question"] == "where does the nile flow ?"
+    assert len(line["answers"]) == 2
+    assert all(answer["text"] in BLOCK_TEXTS for answer in line["answers"])
+
+
+def test_ask_reads_questions_from_stdin(tmp_path, capsys, monkeypatch):
+    make_openqa_model(seed=0).save_pretrained(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO("where does the nile flow ?\n\nwho was born in paris ?\n"))
+    assert main(["ask", "--model", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Q: ") == 2 and "who was born in paris ?" in out
