@@ -346,12 +346,6 @@ class RealmEmbedder(RealmPreTrainedModel):
         self.cls = RealmScorerProjection(config)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.realm.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.realm.embeddings.word_embeddings = value
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -470,12 +464,6 @@ class RealmKnowledgeAugEncoder(RealmPreTrainedModel):
         self.cls = BertOnlyMLMHead(config)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.realm.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.realm.embeddings.word_embeddings = value
-
     def get_output_embeddings(self) -> nn.Linear:
         return self.cls.predictions.decoder
 
@@ -568,12 +556,6 @@ class RealmReader(RealmPreTrainedModel):
         self.cls = BertOnlyMLMHead(config)
         self.qa_outputs = RealmReaderProjection(config)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.realm.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.realm.embeddings.word_embeddings = value
 
     def forward(
         self,

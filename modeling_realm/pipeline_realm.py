@@ -11,8 +11,11 @@ read; answers are cut from the original text (original casing) through the token
 
 import torch
 from transformers import Pipeline
+from transformers.utils import logging
 
 from .modeling_realm import span_candidates
+
+logger = logging.get_logger(__name__)
 
 
 class RealmQuestionAnsweringPipeline(Pipeline):
@@ -61,14 +64,11 @@ class RealmQuestionAnsweringPipeline(Pipeline):
     def preprocess(self, questions, context: str | None = None, max_question_length: int | None = None):
         questions = [questions] if isinstance(questions, str) else questions
         max_length = max_question_length or self.model.config.reader_seq_len // 2
+        full_lengths = [len(ids) for ids in self.tokenizer(questions)["input_ids"]]
+        for number, length in enumerate(full_lengths):
+            if length > max_length:
+                logger.warning(f"Question {number} has {length} wordpieces; truncated to {max_length}.")
         encoded = self.tokenizer(questions, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-        for number, text in enumerate(questions):
-            if len(self.tokenizer(text)["input_ids"]) > max_length:
-                from transformers.utils import logging
-
-                logging.get_logger(__name__).warning(
-                    f"Question {number} is longer than {max_length} wordpieces and was truncated."
-                )
         return {"encoded": encoded, "questions": questions, "context": context}
 
     def _forward(self, model_inputs, top_k: int = 1, num_blocks: int | None = None):

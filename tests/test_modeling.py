@@ -238,3 +238,17 @@ def test_missing_weights_raise_naming_the_folder(tmp_path):
     (folder / "model.safetensors").unlink()
     with pytest.raises(OSError, match=str(folder)):
         RealmEmbedder.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("model_class", [RealmEmbedder, RealmKnowledgeAugEncoder, RealmReader], ids=lambda c: c.__name__)
+def test_input_embeddings_are_the_bert_word_embeddings(model_class):
+    model = model_class(tiny_realm_config())
+    assert model.get_input_embeddings() is model.realm.embeddings.word_embeddings
+
+
+def test_resizing_the_vocabulary_keeps_the_encoder_decoder_tied():
+    model = RealmKnowledgeAugEncoder(tiny_realm_config())
+    model.resize_token_embeddings(200)
+    assert model.get_input_embeddings().weight.shape[0] == 200
+    assert model.cls.predictions.decoder.weight is model.get_input_embeddings().weight
+    assert model(random_ids(1, 2, 8, vocab=200)).logits.shape == (2, 8, 200)

@@ -1,7 +1,7 @@
 """The `openrealm` command line (also `python -m openrealm` and `accelerate launch -m openrealm`).
 
-openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq]   # a 4.x REALM folder -> OpenREALM layout
-openrealm ask --model MODEL "question" [--top-k 3]                        # answers with their blocks
+    openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overwrite]   # 4.x folder -> new layout
+    openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
 """
 
 import argparse
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("destination", help="new folder to write (must not exist)")
     convert.add_argument("--index-type", default="exact", help="MIPS index over the block embeddings (default exact)")
     convert.add_argument("--overwrite", action="store_true", help="replace DESTINATION if it exists")
+    convert.set_defaults(handler=run_convert)
 
     ask = commands.add_parser("ask", help="answer questions with a REALM open-QA model")
     ask.add_argument("--model", required=True, help="folder or Hub repo id of a RealmForOpenQA checkpoint")
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--top-k", type=int, default=1, help="answers per question")
     ask.add_argument("--num-blocks", type=int, default=None, help="blocks read per question (default: config)")
     ask.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    ask.set_defaults(handler=run_ask)
     return parser
 
 
@@ -57,17 +59,14 @@ def run_ask(args: argparse.Namespace) -> int:
         print(f"Q: {question}")
         for answer in answers:
             print(f"  A: {answer['answer']}  (score {answer['score']:.3f})")
-            print(
-                f"     block {answer['block_id']} [{answer['title']}] retrieval score {answer['retrieval_score']:.3f}"
-            )
+            print(f"     block {answer['block_id']} [{answer['title']}] retrieval score {answer['retrieval_score']:.3f}")
             print(f"     {answer['text'][:300]}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"convert": run_convert, "ask": run_ask}
-    return handlers[args.command](args)
+    return args.handler(args)
 
 
 if __name__ == "__main__":
