@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import BertModel, PreTrainedModel
+from transformers.activations import GELUTanh, NewGELUActivation
 from transformers.modeling_outputs import MaskedLMOutput
 from transformers.models.bert.modeling_bert import (
     BertEmbeddings,
@@ -210,6 +211,19 @@ def find_corrupt_weights(folder) -> str | None:
     return None
 
 
+def use_fused_gelu_tanh(model: nn.Module) -> None:
+    """Swap transformers' `gelu_new` (the published REALM activation, built from six elementwise ops) for torch's
+    fused tanh-approximate GELU: the same formula (differences below 1e-6) at a fraction of the cost; on CPU the
+    reader spends about a fifth of its time in this activation. config.hidden_act stays "gelu_new"."""
+    for module in model.modules():
+        for name, child in module.named_children():
+            if isinstance(child, NewGELUActivation):
+                setattr(module, name, GELUTanh())
+        for attribute in ("intermediate_act_fn", "transform_act_fn"):
+            if isinstance(getattr(module, attribute, None), NewGELUActivation):
+                setattr(module, attribute, GELUTanh())
+
+
 def move_into(staging: str, directory: str) -> None:
     """Move every entry of staging into directory, each replacing its namesake by rename (folders are swapped)."""
     for name in os.listdir(staging):
@@ -323,6 +337,10 @@ class RealmPreTrainedModel(PreTrainedModel):
         config = RealmConfig(**{**fields, **overrides})
         key_mapping = {r"^bert\.": "realm.", r"^(embeddings|encoder|pooler)\.": r"realm.\1."}
         return cls.from_pretrained(pretrained_model_name_or_path, config=config, key_mapping=key_mapping, **kwargs)
+
+    def post_init(self) -> None:
+        super().post_init()
+        use_fused_gelu_tanh(self)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

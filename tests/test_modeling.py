@@ -252,3 +252,13 @@ def test_resizing_the_vocabulary_keeps_the_encoder_decoder_tied():
     assert model.get_input_embeddings().weight.shape[0] == 200
     assert model.cls.predictions.decoder.weight is model.get_input_embeddings().weight
     assert model(random_ids(1, 2, 8, vocab=200)).logits.shape == (2, 8, 200)
+
+
+def test_gelu_new_runs_as_torchs_fused_tanh_gelu_with_the_same_values():
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    model = RealmReader(tiny_realm_config())
+    activation = model.realm.encoder.layer[0].intermediate.intermediate_act_fn
+    assert isinstance(activation, GELUTanh) and model.config.hidden_act == "gelu_new"
+    x = torch.linspace(-8, 8, 10001)
+    torch.testing.assert_close(activation(x), NewGELUActivation()(x), rtol=0, atol=1e-6)

@@ -2,11 +2,41 @@
 
     openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overwrite]   # 4.x folder -> new layout
     openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
+    openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
+    openrealm corpus build --input FILE.jsonl --output DIR [--spans spacy|regex|MODEL]      # knowledge corpus
+    openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N                # ICT warm start
+    openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type flat]    # MIPS index
 """
 
 import argparse
+import importlib
 import json
 import sys
+
+# (group, command) -> (module providing add_arguments/run, help). Modules are imported only to build the parser.
+JOBS = {
+    ("world", None): ("openrealm.trainers.synthetic_world", "generate the synthetic world of fictional entities"),
+    ("corpus", "build"): ("openrealm.tokenization.corpus", "build a knowledge corpus of blocks from JSONL articles"),
+    ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)"),
+    ("index", "build"): ("openrealm.trainers.index_builder", "embed every block of a corpus and write a MIPS index"),
+}
+
+
+def add_jobs(commands) -> None:
+    """One sub-command per job; grouped jobs (`corpus build`, `train ict`, ...) share their group's parser."""
+    groups = {}
+    for (group, command), (module_name, help_text) in JOBS.items():
+        module = importlib.import_module(module_name)
+        if command is None:
+            parser = commands.add_parser(group, help=help_text, description=help_text)
+        else:
+            if group not in groups:
+                groups[group] = commands.add_parser(group, help=f"{group} jobs").add_subparsers(
+                    dest=f"{group}_command", required=True
+                )
+            parser = groups[group].add_parser(command, help=help_text, description=help_text)
+        module.add_arguments(parser)
+        parser.set_defaults(handler=module.run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--num-blocks", type=int, default=None, help="blocks read per question (default: config)")
     ask.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     ask.set_defaults(handler=run_ask)
+
+    add_jobs(commands)
     return parser
 
 

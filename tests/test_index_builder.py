@@ -1,0 +1,238 @@
+"""`openrealm index build`: embedding every corpus block (sorted, batched, sharded) and writing versioned indexes."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, tiny_realm_config
+from datasets import Dataset
+from transformers import BertConfig, BertModel
+
+from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever, RealmScorer
+from openrealm.tokenization.corpus import block_retriever_inputs, build_corpus, load_corpus
+from openrealm.trainers import index_builder
+from openrealm.trainers.index_builder import (
+    build_index,
+    embed_blocks,
+    latest_index_dir,
+    list_versions,
+    load_embedder,
+    load_index,
+    shard_range,
+)
+
+# Titles of different lengths and one long body, so batches mix lengths and padding.
+TITLES = ["the nile", "paris", "london city", "alan turing", "the river thames", "paris", "science"]
+TEXTS = [*BLOCK_TEXTS, " ".join(BLOCK_TEXTS)]
+
+
+def write_corpus(directory: Path, titles=TITLES, texts=TEXTS) -> Path:
+    """A knowledge corpus folder (openrealm corpus build) with one block per article."""
+    build_corpus(Dataset.from_dict({"title": titles, "text": texts}), directory, fixture_tokenizer())
+    return directory
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    return write_corpus(tmp_path / "corpus")
+
+
+def tiny_embedder(seed: int = 0, **overrides) -> RealmEmbedder:
+    torch.manual_seed(seed)
+    return RealmEmbedder(tiny_realm_config(max_position_embeddings=288, **overrides)).eval()
+
+
+def direct_embedding(embedder: RealmEmbedder, title: str, text: str) -> torch.Tensor:
+    """One block, unpadded, straight through the embedder -> [P]."""
+    tokenizer = fixture_tokenizer()
+    title_ids, token_ids = (tokenizer(s, add_special_tokens=False)["input_ids"] for s in (title, text))
+    inputs = block_retriever_inputs(title_ids, token_ids, tokenizer, max_length=288)
+    with torch.no_grad():
+        return embedder(
+            input_ids=torch.tensor([inputs["input_ids"]]), token_type_ids=torch.tensor([inputs["token_type_ids"]])
+        ).projected_score[0]
+
+
+@pytest.mark.parametrize("sort_by_length", [True, False], ids=["sorted", "block-order"])
+def test_embeddings_equal_a_direct_forward_of_each_block(corpus, sort_by_length):
+    embedder = tiny_embedder()
+    emb = embed_blocks(embedder, load_corpus(corpus), fixture_tokenizer(), batch_size=3, sort_by_length=sort_by_length)
+    expected = torch.stack([direct_embedding(embedder, t, x) for t, x in zip(TITLES, TEXTS)])
+    assert emb.shape == (len(TEXTS), 16) and emb.dtype == torch.float32
+    torch.testing.assert_close(emb, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_input_worker_processes_give_the_same_embeddings(corpus):
+    embedder, blocks, tokenizer = tiny_embedder(), load_corpus(corpus), fixture_tokenizer()
+    in_process = embed_blocks(embedder, blocks, tokenizer, batch_size=2, progress=False)
+    with_workers = embed_blocks(embedder, blocks, tokenizer, batch_size=2, num_workers=2, progress=False)
+    torch.testing.assert_close(with_workers, in_process, atol=0, rtol=0)
+
+
+def test_bf16_autocast_on_cpu_stays_close_to_float32(corpus):
+    embedder, blocks, tokenizer = tiny_embedder(), load_corpus(corpus), fixture_tokenizer()
+    full = embed_blocks(embedder, blocks, tokenizer, dtype="float32", progress=False)
+    half = embed_blocks(embedder, blocks, tokenizer, dtype="bfloat16", progress=False)
+    assert half.dtype == torch.float32
+    assert torch.nn.functional.cosine_similarity(full, half).min() > 0.99
+
+
+def test_embedding_leaves_a_training_embedder_in_train_mode(corpus):
+    embedder = tiny_embedder().train()
+    embed_blocks(embedder, load_corpus(corpus), fixture_tokenizer(), progress=False)
+    assert embedder.training
+
+
+def test_shard_ranges_are_contiguous_balanced_and_cover_every_block():
+    for num_blocks in (0, 1, 7, 10):
+        ranges = [shard_range(num_blocks, rank, 3) for rank in range(3)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == num_blocks
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        sizes = [stop - start for start, stop in ranges]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_built_index_serves_a_retriever_that_finds_each_block_by_its_own_text(corpus, tmp_path):
+    embedder = tiny_embedder()
+    build_index(embedder, corpus, tmp_path / "index", index_type="exact", progress=False)
+    retriever = RealmRetriever.from_pretrained(corpus, index=load_index(tmp_path / "index"))
+    queries = torch.stack([direct_embedding(embedder, t, x) for t, x in zip(TITLES, TEXTS)])
+    _, ids = retriever.search(queries, k=1)
+    assert ids[:, 0].tolist() == list(range(len(TEXTS)))
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivf"])
+def test_faiss_index_types_build_and_find_each_block(corpus, tmp_path, index_type):
+    embedder = tiny_embedder()
+    index = build_index(embedder, corpus, tmp_path / "index", index_type=index_type, progress=False)
+    loaded = RealmBlockIndex.from_pretrained(latest_index_dir(tmp_path / "index"))
+    assert loaded.index_type == index.index_type == index_type
+    _, ids = loaded.search(loaded.block_emb.clone(), k=1)
+    assert ids[:, 0].tolist() == list(range(len(TEXTS)))
+
+
+def test_versions_count_up_and_are_recorded_with_provenance(corpus, tmp_path):
+    embedder, root = tiny_embedder(), tmp_path / "index"
+    first = build_index(embedder, corpus, root, progress=False)
+    second = build_index(embedder, corpus, root, progress=False)
+    assert (first.version, second.version) == (0, 1)
+    assert list_versions(root) == [0, 1] and latest_index_dir(root) == root / "v000001" / "block_index"
+    assert RealmBlockIndex.from_pretrained(root / "v000001" / "block_index").version == 1
+    info = json.loads((root / "v000001" / "build_info.json").read_text())
+    uids = load_corpus(corpus)["uid"]
+    assert info["version"] == 1 and info["num_blocks"] == len(TEXTS) and info["corpus"] == str(corpus.absolute())
+    assert info["corpus_fingerprint"] == hashlib.sha256("".join(f"{u}\n" for u in uids).encode()).hexdigest()
+
+
+def test_explicit_version_is_used_and_an_existing_version_is_refused(corpus, tmp_path):
+    embedder, root = tiny_embedder(), tmp_path / "index"
+    assert build_index(embedder, corpus, root, version=500, progress=False).version == 500
+    with pytest.raises(FileExistsError, match="v000500"):
+        build_index(embedder, corpus, root, version=500, progress=False)
+
+
+def test_keep_prunes_all_but_the_newest_versions(corpus, tmp_path):
+    embedder, root = tiny_embedder(), tmp_path / "index"
+    for _ in range(4):
+        build_index(embedder, corpus, root, keep=2, progress=False)
+    assert list_versions(root) == [2, 3]
+
+
+@pytest.mark.parametrize("layout", ["versioned", "plain"])
+def test_failed_write_leaves_the_previous_index_intact_and_no_temporary_folder(corpus, tmp_path, monkeypatch, layout):
+    embedder, root = tiny_embedder(), tmp_path / "index"
+    build_index(embedder, corpus, root, layout=layout, progress=False)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "corpus" not in p.parts)
+
+    def fail_half_way(self, directory):
+        (Path(directory) / "index_config.json").write_text("{}")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(RealmBlockIndex, "_write_files", fail_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        build_index(embedder, corpus, root, layout=layout, progress=False)
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "corpus" not in p.parts)
+    assert after == before
+    loaded = load_index(root) if layout == "versioned" else RealmBlockIndex.from_pretrained(root)
+    assert loaded.version == 0
+
+
+def test_plain_layout_into_the_corpus_makes_it_a_retriever_folder(corpus):
+    build_index(tiny_embedder(), corpus, corpus / "block_index", layout="plain", index_type="flat", progress=False)
+    retriever = RealmRetriever.from_pretrained(corpus)
+    assert retriever.index.index_type == "flat" and retriever.index.num_blocks == len(TEXTS)
+
+
+def test_cli_builds_from_a_bert_checkpoint_folder(corpus, tmp_path, capsys):
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(vocab_size=158, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=37, max_position_embeddings=288))  # fmt: skip
+    bert.save_pretrained(tmp_path / "bert")
+    argv = ["--embedder", str(tmp_path / "bert"), "--corpus", str(corpus), "--output", str(tmp_path / "index")]
+    assert index_builder.main([*argv, "--index-type", "hnsw", "--index-param", "m=8", "--quiet"]) == 0
+    index = load_index(tmp_path / "index")
+    assert (index.index_type, index.num_blocks, index.dim, index.params["m"]) == ("hnsw", len(TEXTS), 128, 8)
+    assert "Wrote hnsw index version 0" in capsys.readouterr().out
+
+
+def test_cli_help_names_the_options(capsys):
+    with pytest.raises(SystemExit):
+        index_builder.main(["--help"])
+    help_text = capsys.readouterr().out
+    for option in ("--embedder", "--corpus", "--output", "--index-type", "--batch-size", "--dtype", "--layout"):
+        assert option in help_text
+
+
+@pytest.mark.parametrize(("model_class", "folder"), [(RealmForOpenQA, "openqa"), (RealmScorer, "scorer")])
+@pytest.mark.parametrize("layout", ["safetensors", "hub"])
+def test_open_qa_and_scorer_folders_give_their_embedder_tower(model_class, folder, layout):
+    embedder = load_embedder(fixture_folder(folder, layout))
+    expected = model_class.from_pretrained(fixture_folder(folder, layout)).embedder.state_dict()
+    assert type(embedder) is RealmEmbedder and embedder.state_dict().keys() == expected.keys()
+    assert all(torch.equal(embedder.state_dict()[key], value) for key, value in expected.items())
+
+
+def test_missing_corpus_is_an_error_naming_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nowhere")):
+        build_index(tiny_embedder(), tmp_path / "nowhere", tmp_path / "index", progress=False)
+
+
+def test_missing_embedder_folder_is_an_error_naming_it(corpus, tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "no-model")):
+        build_index(tmp_path / "no-model", corpus, tmp_path / "index", progress=False)
+
+
+def test_embedder_of_another_dimension_than_the_existing_index_is_refused(corpus, tmp_path):
+    root = tmp_path / "index"
+    build_index(tiny_embedder(), corpus, root, progress=False)
+    with pytest.raises(ValueError, match=f"{root / 'v000000' / 'block_index'}.*16-d"):
+        build_index(tiny_embedder(retriever_proj_size=8), corpus, root, progress=False)
+
+
+def test_corpus_ids_outside_the_embedder_vocabulary_are_refused(corpus, tmp_path):
+    with pytest.raises(ValueError, match=f"{corpus}.*vocabulary of 20"):
+        build_index(tiny_embedder(vocab_size=20), corpus, tmp_path / "index", progress=False)
+
+
+def test_two_processes_under_accelerate_join_to_the_single_process_embeddings(corpus, tmp_path):
+    embedder = tiny_embedder()
+    embedder.save_pretrained(tmp_path / "embedder")
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "openrealm", "index", "build",
+        "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output", str(tmp_path / "index"),
+        "--batch-size", "2", "--quiet",
+    ]  # fmt: skip
+    # `--cpu` would make accelerate start one process; with no visible GPU, --multi_gpu runs torchrun + gloo on CPU.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    info = json.loads((tmp_path / "index" / "v000000" / "build_info.json").read_text())
+    assert info["world_size"] == 2
+    expected = embed_blocks(embedder, load_corpus(corpus), fixture_tokenizer(), progress=False)
+    torch.testing.assert_close(load_index(tmp_path / "index").block_emb, expected, atol=1e-5, rtol=1e-5)

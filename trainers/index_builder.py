@@ -1,0 +1,601 @@
+"""Embed every block of a knowledge corpus and write a versioned MIPS index: `openrealm index build`.
+
+    openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type exact|flat|ivf|hnsw|ivfpq|pq]
+    accelerate launch -m openrealm index build ...          # each process embeds a contiguous share of the blocks
+
+MODEL is a local folder or Hub repo id: a REALM checkpoint (RealmEmbedder, or the `embedder` tower of a RealmScorer /
+RealmForOpenQA folder) or any BERT checkpoint (RealmEmbedder.from_bert_pretrained: new projection head). Each block is
+embedded from `[CLS] title [SEP] body [SEP]` (<= 288 wordpieces, openrealm.tokenization.corpus.block_retriever_inputs),
+as Google's refresher and encode_blocks.py do.
+
+Output layout (`layout="versioned"`, the default) -- one immutable folder per version, like Google's refresher, which
+renames export/temp/<ts> to export/encoded/<ts> and keeps the newest 3:
+
+    OUTPUT/v000003/block_index/       RealmBlockIndex.save_pretrained: index_config.json (records version 3),
+                                      block_emb.safetensors, faiss.index
+    OUTPUT/v000003/build_info.json    provenance: corpus path + fingerprint, embedder, dtype, timings
+    OUTPUT/.v000004.tmp-xxxx/         a build in progress (hidden; renamed to v000004 when complete)
+
+The rename of the version folder is the one atomic commit: readers take the highest complete `vNNNNNN`
+(`latest_index_dir`), so there is no pointer file that could disagree with the folders after a crash, and a slow
+builder finishing an older version never moves "latest" backwards. `layout="plain"` instead writes OUTPUT itself as a
+RealmBlockIndex folder (atomically replaced); `--output CORPUS/block_index` then makes
+`RealmRetriever.from_pretrained(CORPUS)` load it directly.
+
+Departures from Google's encoder (same embeddings, faster): blocks are sorted by length and each batch is padded to its
+longest block instead of to 288 (padding is masked, so a row's embedding does not depend on its batch), and bf16/fp16
+autocast is used where the device supports it (default on CUDA; float32 on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from openrealm import RealmBlockIndex, RealmEmbedder
+from openrealm.index_realm import INDEX_TYPES
+from openrealm.tokenization.corpus import batch_retriever_inputs, load_corpus, read_corpus_config
+
+MAX_BLOCK_LENGTH = 288
+INDEX_SUBDIR = "block_index"
+BUILD_INFO_NAME = "build_info.json"
+VERSION_PATTERN = re.compile(r"^v(\d{6,})$")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GATHER_CHUNK_ROWS = 2**18  # rows all-gathered at a time: peak extra memory world_size * 2^18 * dim floats
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inputs: the corpus and the embedder
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def corpus_fingerprint(blocks) -> str:
+    """sha256 over the blocks' uids in block order: identifies the corpus content and the row order of an index."""
+    digest = hashlib.sha256()
+    for chunk in _arrow_table(blocks).column("uid").chunks:
+        digest.update("".join(f"{uid}\n" for uid in chunk.to_pylist()).encode())
+    return digest.hexdigest()
+
+
+def _arrow_table(blocks):
+    """The pyarrow table behind a blocks dataset (row i = block i), or blocks itself if it is a pyarrow table."""
+    if hasattr(blocks, "_indices") and blocks._indices is not None:  # a select()/shuffle() view: rows != block ids
+        raise ValueError("pass the corpus blocks dataset itself (corpus.load_corpus), not a select()/shuffle() view")
+    return blocks.data.table if hasattr(blocks, "data") else blocks
+
+
+def load_embedder(name_or_path: str | os.PathLike, **kwargs):
+    """A RealmEmbedder from a REALM checkpoint (RealmEmbedder, or the `embedder` of RealmScorer / RealmForOpenQA) or a
+    BERT checkpoint (from_bert_pretrained: the projection head starts fresh). kwargs go to from_pretrained."""
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    name = os.fspath(name_or_path)
+    if not os.path.isdir(name) and _looks_like_path(name):
+        raise FileNotFoundError(f"embedder folder {name} does not exist")
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise FileNotFoundError(f"cannot load an embedder from {name}: {error}") from error
+    kwargs.setdefault("attn_implementation", "sdpa")
+    if config.model_type == "bert":
+        return RealmEmbedder.from_bert_pretrained(name, **kwargs)
+    if config.model_type != "realm":
+        raise ValueError(f"{name} is a {config.model_type!r} checkpoint; --embedder takes REALM or BERT checkpoints")
+    architecture = (config.architectures or ["RealmEmbedder"])[0]
+    if architecture == "RealmEmbedder":
+        return RealmEmbedder.from_pretrained(name, **kwargs)
+    if architecture not in ("RealmScorer", "RealmForOpenQA"):
+        raise ValueError(f"{name} holds a {architecture}, which has no block embedder")
+    # Only the `embedder.*` weights are read (no reader, no retriever); the other towers' keys are expected leftovers.
+    # NB: in an ORQA-fine-tuned RealmForOpenQA this tower was tuned for questions while the blocks stayed frozen.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        embedder, info = RealmEmbedder.from_pretrained(
+            name, key_mapping={r"^embedder\.": ""}, output_loading_info=True, **kwargs
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if info["missing_keys"]:
+        raise ValueError(f"{name} ({architecture}) lacks embedder weights: {sorted(info['missing_keys'])[:4]}")
+    return embedder
+
+
+def _looks_like_path(name: str) -> bool:
+    """A Hub id is 'name' or 'owner/name'; anything else that is not a folder is a missing local path."""
+    return os.path.isabs(name) or name.startswith((".", "~", "/")) or name.count("/") > 1 or "\\" in name
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Embedding
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def shard_range(num_blocks: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Contiguous share [start, stop) of block ids for rank; share sizes differ by at most one."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    base, extra = divmod(num_blocks, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto' -> bfloat16 on CUDA (float16 where bf16 is unsupported), float32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}, expected auto or one of {sorted(DTYPES)}")
+    if DTYPES[dtype] == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"{device} does not support bfloat16; use --dtype float16")
+    return DTYPES[dtype]
+
+
+def block_lengths(blocks, max_length: int = MAX_BLOCK_LENGTH) -> np.ndarray:
+    """Retriever input length of every block [N]: min(max_length, 3 + len(title_ids) + len(token_ids))."""
+    import pyarrow.compute as pc
+
+    table = _arrow_table(blocks)
+    title = pc.list_value_length(table.column("title_ids")).to_numpy(zero_copy_only=False)
+    body = pc.list_value_length(table.column("token_ids")).to_numpy(zero_copy_only=False)
+    return np.minimum(max_length, 3 + title.astype(np.int64) + body)
+
+
+def length_batches(lengths: np.ndarray, batch_size: int, sort_by_length: bool = True) -> list[np.ndarray]:
+    """Positions 0..len(lengths)-1 cut into batches; sorted longest first (an out-of-memory shows on the first batch,
+    and each batch pads only to blocks of about its own length)."""
+    order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(len(lengths))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+class _BlockBatches(torch.utils.data.Dataset):
+    """Batch i -> (positions [B] in the shard, padded inputs [B, L] with L = the batch's longest block)."""
+
+    def __init__(self, table, batches: Sequence[np.ndarray], first_id: int, tokenizer, max_length: int):
+        self.table, self.batches, self.first_id = table.select(["title_ids", "token_ids"]), batches, first_id
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        positions = self.batches[i]
+        rows = self.table.take(positions + self.first_id).to_pydict()
+        return torch.from_numpy(positions), batch_retriever_inputs(rows, self.tokenizer, self.max_length)
+
+
+@contextmanager
+def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """eval() for the duration (no dropout), then the caller's mode back (the trainer's embedder is in train mode)."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+def embed_blocks(
+    embedder: torch.nn.Module,
+    blocks,
+    tokenizer,
+    *,
+    batch_size: int = 128,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype = "auto",
+    max_length: int = MAX_BLOCK_LENGTH,
+    shard: tuple[int, int] = (0, 1),
+    sort_by_length: bool = True,
+    num_workers: int = 0,
+    progress: bool = True,
+) -> torch.Tensor:
+    """Embed the blocks of one shard -> float32 CPU tensor [N_shard, P], row i = block shard_start + i.
+
+    blocks: the corpus `blocks` dataset (openrealm.tokenization.corpus.load_corpus) or its pyarrow table; tokenizer:
+    the corpus tokenizer (its [CLS]/[SEP]/[PAD] ids); shard = (rank, world_size) takes the contiguous share
+    shard_range(len(blocks), rank, world_size). The embedder is moved to device (default: where it is) and run in eval
+    mode under inference_mode, with autocast to dtype unless float32 ('auto': bf16 on CUDA, float32 elsewhere).
+    """
+    from tqdm.auto import tqdm
+
+    device = torch.device(device) if device is not None else next(embedder.parameters()).device
+    compute_dtype = resolve_dtype(dtype, device)
+    _check_embedder_fits(embedder, max_length)
+    start, stop = shard_range(len(_arrow_table(blocks)), *shard)
+    dim = embedder.config.retriever_proj_size
+    out = torch.empty(stop - start, dim, dtype=torch.float32)
+    if stop == start:
+        return out
+    table = _arrow_table(blocks)
+    batches = length_batches(block_lengths(table.slice(start, stop - start), max_length), batch_size, sort_by_length)
+    loader = torch.utils.data.DataLoader(
+        _BlockBatches(table, batches, start, tokenizer, max_length),
+        batch_size=None,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+    )
+    autocast = torch.autocast(device.type, dtype=compute_dtype) if compute_dtype != torch.float32 else nullcontext()
+    embedder.to(device)
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+    bar = tqdm(total=stop - start, unit="block", desc=f"embedding [rank {shard[0]}]", disable=not progress)
+    with _eval_mode(embedder), torch.inference_mode(), autocast:
+        for positions, inputs in loader:
+            inputs = {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
+            pending.append((positions, embedder(**inputs).projected_score))
+            if len(pending) == 32:  # one device->host sync per 32 batches keeps the GPU queue full
+                _flush(pending, out)
+            bar.update(len(positions))
+    _flush(pending, out)
+    bar.close()
+    return out
+
+
+def _flush(pending: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:
+    if pending:
+        out[torch.cat([p for p, _ in pending])] = torch.cat([e for _, e in pending]).to("cpu", torch.float32)
+        pending.clear()
+
+
+def _check_embedder_fits(embedder: torch.nn.Module, max_length: int) -> None:
+    config = embedder.config
+    if max_length > config.max_position_embeddings:
+        raise ValueError(
+            f"max_length={max_length} exceeds the embedder's max_position_embeddings={config.max_position_embeddings}"
+            f" ({getattr(config, '_name_or_path', '') or 'embedder'})"
+        )
+
+
+def check_vocabulary(blocks, embedder: torch.nn.Module, corpus_dir: str | os.PathLike, embedder_name: str) -> None:
+    """Every wordpiece id of the corpus must be a row of the embedder's embedding table (same vocabulary)."""
+    import pyarrow.compute as pc
+
+    table = _arrow_table(blocks)
+    largest = max((pc.max(pc.list_flatten(table.column(name))).as_py() or 0) for name in ("title_ids", "token_ids"))
+    if largest >= embedder.config.vocab_size:
+        raise ValueError(
+            f"corpus {corpus_dir} holds wordpiece id {largest} but the embedder {embedder_name} has a vocabulary of "
+            f"{embedder.config.vocab_size}: the corpus was tokenized with another vocabulary"
+        )
+
+
+def gather_shards(local: torch.Tensor, num_blocks: int, state=None) -> torch.Tensor | None:
+    """Join every rank's embed_blocks output [N_shard, P] into [num_blocks, P] in block order (on the main process;
+    None elsewhere). state: an accelerate Accelerator/PartialState, or None for a single process. The shares are
+    all-gathered GATHER_CHUNK_ROWS rows at a time, padded to the same size (collectives need equal shapes)."""
+    if state is None or state.num_processes == 1:
+        return local
+    from accelerate.utils import gather
+
+    world = state.num_processes
+    ranges = [shard_range(num_blocks, rank, world) for rank in range(world)]
+    largest = max(stop - start for start, stop in ranges)
+    out = torch.empty(num_blocks, local.shape[1], dtype=torch.float32) if state.is_main_process else None
+    for offset in range(0, largest, GATHER_CHUNK_ROWS):
+        rows = min(GATHER_CHUNK_ROWS, largest - offset)
+        piece = torch.zeros(rows, local.shape[1], dtype=torch.float32, device=state.device)
+        mine = local[offset : offset + rows]
+        piece[: len(mine)] = mine.to(state.device)
+        gathered = gather(piece)  # [world * rows, P], rank-major
+        if out is not None:
+            gathered = gathered.to("cpu").view(world, rows, -1)
+            for rank, (start, stop) in enumerate(ranges):
+                count = max(0, min(rows, stop - start - offset))
+                out[start + offset : start + offset + count] = gathered[rank, :count]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Versioned output
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def version_dir_name(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def list_versions(root: str | os.PathLike) -> list[int]:
+    """Complete versions under an index root, ascending (builds in progress are hidden temp folders)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = (VERSION_PATTERN.match(p.name) for p in root.iterdir() if p.is_dir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def latest_index_dir(root: str | os.PathLike) -> Path:
+    """The block_index/ folder of the newest complete version under root (load with RealmBlockIndex.from_pretrained)."""
+    versions = list_versions(root)
+    if not versions:
+        raise FileNotFoundError(f"{root} holds no index version (expected {root}/v000000/{INDEX_SUBDIR}, ...)")
+    return Path(root) / version_dir_name(versions[-1]) / INDEX_SUBDIR
+
+
+def load_index(root: str | os.PathLike, version: int | None = None, device: str | torch.device | None = None):
+    """The RealmBlockIndex of `version` (default: the newest) under an index root written by build_index."""
+    path = latest_index_dir(root) if version is None else Path(root) / version_dir_name(version) / INDEX_SUBDIR
+    return RealmBlockIndex.from_pretrained(path, device=device)
+
+
+def _read_index_config(index_dir: Path) -> dict | None:
+    path = index_dir / "index_config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _previous_index(output_dir: Path, layout: str) -> tuple[Path, dict] | None:
+    """(folder, index_config) of the index a new build would follow, if any."""
+    if layout == "plain":
+        config = _read_index_config(output_dir)
+        return (output_dir, config) if config else None
+    versions = list_versions(output_dir)
+    if not versions:
+        return None
+    index_dir = output_dir / version_dir_name(versions[-1]) / INDEX_SUBDIR
+    config = _read_index_config(index_dir)
+    return (index_dir, config) if config else None
+
+
+def _write_version(index, output_dir: Path, build_info: dict, keep: int | None) -> Path:
+    """output_dir/vNNNNNN/{block_index/, build_info.json}, committed by one rename; then prune to the newest keep."""
+    name = version_dir_name(index.version)
+    target = output_dir / name
+    if target.exists():
+        raise FileExistsError(f"index version {target} already exists; versions are immutable, pick a new --version")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=output_dir))
+    try:
+        index.save_pretrained(staging / INDEX_SUBDIR)
+        _write_json(staging / BUILD_INFO_NAME, build_info)
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _fsync_dir(output_dir)
+    if keep:
+        for old in list_versions(output_dir)[:-keep]:
+            shutil.rmtree(output_dir / version_dir_name(old), ignore_errors=True)
+    return target
+
+
+def _write_json(path: Path, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not possible on every platform; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The whole job
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def build_index(
+    embedder: torch.nn.Module | str | os.PathLike,
+    corpus_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    index_type: str = "exact",
+    index_params: dict | None = None,
+    version: int | None = None,
+    layout: str = "versioned",
+    keep: int | None = None,
+    accelerator=None,
+    batch_size: int = 128,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype = "auto",
+    max_length: int = MAX_BLOCK_LENGTH,
+    sort_by_length: bool = True,
+    num_workers: int = 0,
+    progress: bool = True,
+):
+    """Embed every block of corpus_dir and write the index; returns the RealmBlockIndex (on every process).
+
+    embedder: a RealmEmbedder (e.g. the training model's; left in its mode) or a checkpoint name for load_embedder.
+    version: default = the previous version under output_dir + 1 (0 for the first). layout 'versioned' writes
+    output_dir/vNNNNNN/ and keeps the newest `keep` versions (None: all); 'plain' writes output_dir itself.
+    accelerator: an accelerate Accelerator or PartialState; every process embeds its share, the main process joins the
+    shares in block order and writes, the others wait for it and load the written index (memory-mapped).
+    """
+    from transformers import AutoTokenizer
+
+    if layout not in ("versioned", "plain"):
+        raise ValueError(f"layout must be 'versioned' or 'plain', got {layout!r}")
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+    is_main = accelerator is None or accelerator.is_main_process
+    corpus_dir, output_dir = Path(corpus_dir), Path(output_dir).absolute()
+    blocks = load_corpus(corpus_dir)
+    embedder_name = os.fspath(embedder) if isinstance(embedder, (str, os.PathLike)) else _model_name(embedder)
+    if isinstance(embedder, (str, os.PathLike)):
+        embedder = load_embedder(embedder)
+    check_vocabulary(blocks, embedder, corpus_dir, embedder_name)
+    previous = _previous_index(output_dir, layout)
+    dim = embedder.config.retriever_proj_size
+    if previous is not None and previous[1].get("dim") != dim:
+        raise ValueError(
+            f"the embedder {embedder_name} makes {dim}-d embeddings but the existing index {previous[0]} is "
+            f"{previous[1].get('dim')}-d: a retriever cannot swap between them; write to a new --output folder"
+        )
+    if version is None:
+        version = previous[1]["version"] + 1 if previous is not None else 0
+    if device is None:
+        device = accelerator.device if accelerator is not None else next(embedder.parameters()).device
+    tokenizer = AutoTokenizer.from_pretrained(corpus_dir)
+
+    started = time.perf_counter()
+    local = embed_blocks(
+        embedder,
+        blocks,
+        tokenizer,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+        max_length=max_length,
+        shard=(rank, world),
+        sort_by_length=sort_by_length,
+        num_workers=num_workers,
+        progress=progress and is_main,
+    )
+    block_emb = gather_shards(local, len(blocks), accelerator)
+    seconds = time.perf_counter() - started
+    index_dir = output_dir if layout == "plain" else output_dir / version_dir_name(version) / INDEX_SUBDIR
+    index = None
+    if is_main:
+        index = RealmBlockIndex.build(block_emb, index_type=index_type, version=version, **(index_params or {}))
+        if layout == "plain":
+            index.save_pretrained(output_dir)
+        else:
+            info = _build_info(index, corpus_dir, blocks, embedder, embedder_name, device, dtype, max_length, world)
+            info.update(embed_seconds=round(seconds, 3), blocks_per_second=round(len(blocks) / seconds, 2))
+            _write_version(index, output_dir, info, keep)
+    if accelerator is not None and world > 1:
+        accelerator.wait_for_everyone()
+    return index if index is not None else RealmBlockIndex.from_pretrained(index_dir)
+
+
+def _model_name(model: torch.nn.Module) -> str:
+    return getattr(model.config, "_name_or_path", "") or type(model).__name__
+
+
+def _build_info(index, corpus_dir, blocks, embedder, embedder_name, device, dtype, max_length, world) -> dict:
+    import openrealm
+
+    corpus_config = read_corpus_config(corpus_dir)
+    return {
+        "format": "openrealm.index_build",
+        "format_version": 1,
+        "version": index.version,
+        "index_type": index.index_type,
+        "num_blocks": index.num_blocks,
+        "dim": index.dim,
+        "corpus": str(Path(corpus_dir).absolute()),
+        "corpus_fingerprint": corpus_fingerprint(blocks),
+        "corpus_tokenizer": corpus_config.get("tokenizer"),
+        "embedder": embedder_name,
+        "embedder_class": type(embedder).__name__,
+        "max_length": max_length,
+        "dtype": str(resolve_dtype(dtype, torch.device(device))).removeprefix("torch."),
+        "device": str(device),
+        "world_size": world,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "openrealm_version": openrealm.__version__,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _index_param(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not value.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=INT (e.g. nlist=4096), got {text!r}")
+    return name, int(value)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `openrealm index build`."""
+    parser.add_argument("--embedder", required=True, help="REALM or BERT checkpoint: local folder or Hub repo id")
+    parser.add_argument("--corpus", required=True, help="knowledge corpus folder (`openrealm corpus build`)")
+    parser.add_argument("--output", required=True, help="index root: writes OUTPUT/vNNNNNN/ (see --layout)")
+    parser.add_argument("--index-type", default="exact", choices=INDEX_TYPES, help="MIPS index (default exact)")
+    parser.add_argument(
+        "--index-param",
+        action="append",
+        default=[],
+        type=_index_param,
+        metavar="NAME=INT",
+        help="index parameter, repeatable (e.g. nlist=4096, nprobe=32, m=32, ef_search=64, pq_m=32)",
+    )
+    parser.add_argument("--version", type=int, default=None, help="index version (default: previous + 1, or 0)")
+    parser.add_argument(
+        "--layout",
+        choices=("versioned", "plain"),
+        default="versioned",
+        help="versioned: OUTPUT/vNNNNNN/{block_index,build_info.json}; plain: OUTPUT is the index folder itself",
+    )
+    parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
+    parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass, per process")
+    parser.add_argument("--max-length", type=int, default=MAX_BLOCK_LENGTH, help="wordpieces per block (288)")
+    parser.add_argument(
+        "--dtype", choices=("auto", *DTYPES), default="auto", help="autocast dtype (auto: bf16 on CUDA, fp32 on CPU)"
+    )
+    parser.add_argument("--device", default=None, help="default: the process's accelerate device")
+    parser.add_argument("--num-workers", type=int, default=None, help="input workers (default 2 on CUDA, 0 on CPU)")
+    parser.add_argument("--no-sort", action="store_true", help="batch in block order instead of by length")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`openrealm index build`: embed the corpus and write the index (under accelerate launch, sharded)."""
+    from accelerate import PartialState
+
+    # PartialState sets up a multi-process CPU run (gloo) only when told cpu=True; a CUDA-less multi-process launch
+    # (`accelerate launch --multi_gpu --num_processes 2` or torchrun on a CPU machine) is one.
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    cpu = args.device == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    state = PartialState(cpu=cpu or (world_size > 1 and not torch.cuda.is_available()))
+    device = torch.device(args.device) if args.device else state.device
+    num_workers = args.num_workers if args.num_workers is not None else (2 if device.type == "cuda" else 0)
+    index = build_index(
+        args.embedder,
+        args.corpus,
+        args.output,
+        index_type=args.index_type,
+        index_params=dict(args.index_param),
+        version=args.version,
+        layout=args.layout,
+        keep=args.keep,
+        accelerator=state,
+        batch_size=args.batch_size,
+        device=device,
+        dtype=args.dtype,
+        max_length=args.max_length,
+        sort_by_length=not args.no_sort,
+        num_workers=num_workers,
+        progress=not args.quiet,
+    )
+    if state.is_main_process:
+        where = args.output if args.layout == "plain" else latest_index_dir(args.output).parent
+        print(f"Wrote {index.index_type} index version {index.version} of {index.num_blocks} x {index.dim} to {where}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="openrealm index build", description="Embed every block of a knowledge corpus and write a MIPS index."
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
