@@ -1,0 +1,735 @@
+"""ICT (Inverse Cloze Task) warm start of the REALM retriever (ORQA, Lee et al. 2019; Google's code, spec §5).
+
+    openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N [options]
+    accelerate launch --num_processes P -m openrealm train ict ...      # negatives gathered across processes
+    (CPU only: `accelerate launch --multi_gpu --num_processes P` or `torchrun --nproc-per-node P -m openrealm ...`;
+    accelerate's `--cpu` starts a single process)
+
+Each block of the knowledge corpus gives one example: a sentence chosen uniformly is the pseudo-query, and the block
+(with that sentence removed, probability `mask_rate` = 0.9) is its positive; the blocks of the whole global batch are
+the negatives. One `RealmEmbedder` embeds queries and blocks; the loss is softmax cross-entropy over q·bᵀ.
+
+Training runs on transformers' `Trainer` (logging, checkpoints in OUTPUT/checkpoint-*, resume); the ICT logic lives in
+`IctCollator` (examples built on the fly from corpus rows) and `IctModel` (embeddings, gathered negatives, loss). The
+result is a `RealmEmbedder` folder (plus the corpus tokenizer) in OUTPUT: `RealmEmbedder.from_pretrained(OUTPUT)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from transformers.utils import ModelOutput
+
+from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
+from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
+from openrealm.trainers.index_builder import embed_blocks
+from openrealm.trainers.index_builder import load_embedder as load_checkpoint_embedder
+
+# Google's ORQA ICT defaults (orqa/experiments/ict_experiment.py, orqa/datasets/ict_dataset.py).
+QUERY_SEQ_LEN = 64
+BLOCK_SEQ_LEN = 288
+MASK_RATE = 0.9
+LEARNING_RATE = 1e-4
+EMBEDDING_DROPOUT = 0.1
+CORPUS_COLUMNS = ("title_ids", "token_ids", "sentence_starts")
+LABEL_NAMES = ["sentence_removed", "example_mask"]  # what Trainer hands compute_ict_metrics as label_ids
+
+
+def google_warmup_steps(max_steps: int) -> int:
+    """Google's warm-up: min(10000, max(100, max_steps / 10)) steps (BERT optimisation, used by ICT and ORQA)."""
+    return int(min(10000, max(100, max_steps // 10)))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Examples
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def sentence_bounds(sentence_starts: Sequence[int], num_tokens: int, index: int) -> tuple[int, int]:
+    """Wordpiece span [start, end) of sentence `index` in a block body of num_tokens wordpieces."""
+    start = int(sentence_starts[index])
+    end = int(sentence_starts[index + 1]) if index + 1 < len(sentence_starts) else num_tokens
+    return start, end
+
+
+def query_input_ids(sentence_ids: Sequence[int], tokenizer, max_length: int = QUERY_SEQ_LEN) -> list[int]:
+    """`[CLS] sentence [SEP]`, the sentence truncated so the whole fits max_length (segment 0, no MLM masking)."""
+    return [tokenizer.cls_token_id, *[int(i) for i in sentence_ids[: max_length - 2]], tokenizer.sep_token_id]
+
+
+def block_inputs(title_ids: Sequence[int], token_ids: Sequence[int], tokenizer, max_length: int = BLOCK_SEQ_LEN):
+    """`[CLS] title [SEP] body [SEP]` -> (input_ids, token_type_ids), lists of at most max_length (spec §1.3)."""
+    encoded = block_retriever_inputs(title_ids, token_ids, tokenizer, max_length=max_length)
+    return encoded["input_ids"], encoded["token_type_ids"]
+
+
+def pad_rows(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ragged rows -> (ids [B, L], attention_mask [B, L]) with L the longest row."""
+    length = max(len(row) for row in rows)
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+@dataclass
+class IctCollator:
+    """Builds a batch of ICT examples from corpus rows (dicts with `title_ids`, `token_ids`, `sentence_starts`).
+
+    Per row: a sentence chosen uniformly becomes `[CLS] sentence [SEP]` (query_seq_len); with probability mask_rate it
+    is removed from the block, then `[CLS] title [SEP] block [SEP]` (block_seq_len). Google drops an example when
+    the removal falls on a single-sentence block; here it stays in the batch with `example_mask` False and is left out
+    of the loss, as query and as negative (so every process keeps the same batch shape for the gather).
+
+    Returns tensors: query_input_ids, query_attention_mask [B, Lq]; block_input_ids, block_token_type_ids,
+    block_attention_mask [B, Lb] (padded to the longest row); example_mask, sentence_removed [B] bool.
+    Random choices come from a generator seeded with (seed, process_index), re-seeded inside each DataLoader worker;
+    rows with `query_sentence` and `remove_sentence` columns (fixed_eval_examples) use those choices instead.
+    """
+
+    tokenizer: object
+    query_seq_len: int = QUERY_SEQ_LEN
+    block_seq_len: int = BLOCK_SEQ_LEN
+    mask_rate: float = MASK_RATE
+    seed: int = 0
+    process_index: int = 0
+
+    def __post_init__(self):
+        if not 0.0 <= self.mask_rate <= 1.0:
+            raise ValueError(f"mask_rate must be in [0, 1], got {self.mask_rate}")
+        if self.query_seq_len < 3 or self.block_seq_len < 4:
+            raise ValueError(
+                f"query_seq_len must be >= 3 and block_seq_len >= 4, got {self.query_seq_len}, {self.block_seq_len}"
+            )
+        self.rng = np.random.default_rng([self.seed, self.process_index])
+        self._worker_seed = None
+
+    def _generator(self) -> np.random.Generator:
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None and self._worker_seed != worker.seed:
+            # Each worker holds a copy of this collator: without re-seeding they would all draw the same choices.
+            self._worker_seed = worker.seed
+            self.rng = np.random.default_rng([self.seed, self.process_index, worker.seed % 2**63])
+        return self.rng
+
+    def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        rng = self._generator()
+        queries, blocks, segments, valid, removed = [], [], [], [], []
+        for row in rows:
+            token_ids, starts = row["token_ids"], row["sentence_starts"]
+            num_sentences = len(starts)
+            if "query_sentence" in row:  # choices fixed in advance (fixed_eval_examples)
+                index, remove = int(row["query_sentence"]), bool(row["remove_sentence"])
+            else:
+                index = int(rng.integers(num_sentences)) if num_sentences else 0
+                remove = bool(rng.random() < self.mask_rate)
+            start, end = sentence_bounds(starts, len(token_ids), index) if num_sentences else (0, 0)
+            body = list(token_ids)
+            if remove and num_sentences > 1:
+                body = body[:start] + body[end:]
+            block_ids, block_segments = block_inputs(row["title_ids"], body, self.tokenizer, self.block_seq_len)
+            queries.append(query_input_ids(token_ids[start:end], self.tokenizer, self.query_seq_len))
+            blocks.append(block_ids)
+            segments.append(block_segments)
+            valid.append(num_sentences > 1 or (num_sentences == 1 and not remove))
+            removed.append(remove and num_sentences > 1)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        query_ids, query_mask = pad_rows(queries, pad_id)
+        block_ids, block_mask = pad_rows(blocks, pad_id)
+        block_segments, _ = pad_rows(segments, 0)
+        return {
+            "query_input_ids": query_ids,
+            "query_attention_mask": query_mask,
+            "block_input_ids": block_ids,
+            "block_token_type_ids": block_segments,
+            "block_attention_mask": block_mask,
+            "example_mask": torch.tensor(valid, dtype=torch.bool),
+            "sentence_removed": torch.tensor(removed, dtype=torch.bool),
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loss over the global batch
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def gather_across_processes(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This process's rows [n, ...] -> (every process's rows concatenated in rank order [N, ...], offset of ours).
+
+    Gradients flow back to the rows of every process (an autograd-aware all_gather), as through Google's TPU
+    `cross_shard_concat` of the block embeddings. Processes may hold different row counts (rows are padded for the
+    collective, then cut). Without an initialised torch.distributed group this returns (tensor, 0).
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return tensor, 0
+    world = dist.get_world_size()
+    local_size = torch.tensor([tensor.shape[0]], device=tensor.device)
+    sizes = [torch.zeros_like(local_size) for _ in range(world)]
+    dist.all_gather(sizes, local_size)
+    sizes = [int(size.item()) for size in sizes]
+    padded = F.pad(tensor, (0,) * (2 * (tensor.dim() - 1)) + (0, max(sizes) - tensor.shape[0])).contiguous()
+    if tensor.requires_grad:
+        parts = _all_gather_with_grad(padded).view(world, *padded.shape)
+    else:
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(parts, padded)
+    rank = dist.get_rank()
+    return torch.cat([part[:size] for part, size in zip(parts, sizes)]), sum(sizes[:rank])
+
+
+def _all_gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
+    """[n, ...] on every process -> [world * n, ...] in rank order; backward sums each process's gradient back to
+    its rows (reduce-scatter). torch's functional collectives where they exist (torch.distributed.nn.functional's
+    all_gather is deprecated in recent torch), else that older autograd-aware all_gather."""
+    try:
+        from torch.distributed._functional_collectives import all_gather_single_autograd
+    except ImportError:
+        from torch.distributed.nn.functional import all_gather
+
+        return torch.cat(all_gather(tensor))
+    return all_gather_single_autograd(tensor, 0, dist.group.WORLD)
+
+
+def in_batch_softmax_loss(
+    query_emb: torch.Tensor, block_emb: torch.Tensor, example_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """query_emb, block_emb [B, P] (this process) -> (loss, logits [B, G], correct [B] bool).
+
+    logits = q · bᵀ against the blocks of all G = sum of B over processes (no temperature, as Google); the target of
+    query i is its own block, column offset + i. Examples with example_mask False are neither queries nor negatives.
+    The loss is the mean over this process's valid queries (0 when it has none, still connected to the graph).
+    """
+    blocks, offset = gather_across_processes(block_emb)
+    logits = query_emb @ blocks.T
+    targets = torch.arange(query_emb.shape[0], device=logits.device) + offset
+    if example_mask is None:
+        example_mask = torch.ones(query_emb.shape[0], dtype=torch.bool, device=logits.device)
+    example_mask = example_mask.to(logits.device, torch.bool)
+    valid_blocks, _ = gather_across_processes(example_mask)
+    logits = logits.masked_fill(~valid_blocks[None, :], torch.finfo(logits.dtype).min)
+    per_example = F.cross_entropy(logits.float(), targets, reduction="none")
+    per_example = torch.where(example_mask, per_example, torch.zeros_like(per_example))
+    loss = per_example.sum() / example_mask.sum().clamp(min=1)
+    correct = (logits.argmax(dim=-1) == targets) & example_mask
+    return loss, logits, correct
+
+
+@dataclass
+class IctOutput(ModelOutput):
+    """`loss` (scalar); `logits` [B, G]: this process's queries against the global batch's blocks; `correct` [B]
+    (1.0 where the query's own block scored highest, 0.0 otherwise or for a dropped example)."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    correct: torch.FloatTensor | None = None
+
+
+class IctModel(RealmPreTrainedModel):
+    """One `RealmEmbedder` for queries and blocks, trained with the in-batch softmax loss of ICT.
+
+    Follows Google's ict_model: dropout (`embedding_dropout`, 0.1) on the projected embedding in train mode only; the
+    RealmEmbedder itself has none, so the saved embedder is the published architecture.
+    """
+
+    main_input_name = "block_input_ids"
+
+    def __init__(
+        self, config: RealmConfig, embedder: RealmEmbedder | None = None, embedding_dropout: float = EMBEDDING_DROPOUT
+    ):
+        super().__init__(config)
+        self.embedder = embedder if embedder is not None else RealmEmbedder(config)
+        self.embedding_dropout = nn.Dropout(embedding_dropout)
+        # The MLM head inside RealmEmbedder exists only so published checkpoints load; it takes no part in retrieval.
+        # Frozen, it needs no gradient and DDP needs no unused-parameter search.
+        used = {id(p) for name, p in self.embedder.named_parameters() if not name.startswith("cls.predictions.")}
+        for parameter in self.embedder.cls.predictions.parameters():
+            if id(parameter) not in used:
+                parameter.requires_grad_(False)
+        self.post_init()
+
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids [B, L] -> dropout(projected_score) [B, P]."""
+        projected = self.embedder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return self.embedding_dropout(projected.projected_score)
+
+    def forward(
+        self,
+        query_input_ids: torch.LongTensor,
+        query_attention_mask: torch.Tensor,
+        block_input_ids: torch.LongTensor,
+        block_token_type_ids: torch.LongTensor,
+        block_attention_mask: torch.Tensor,
+        example_mask: torch.Tensor | None = None,
+        sentence_removed: torch.Tensor | None = None,
+    ) -> IctOutput:
+        """Queries [B, Lq] and their blocks [B, Lb] -> IctOutput. `sentence_removed` [B] is not used by the loss: it is
+        accepted because Trainer passes the evaluation labels (LABEL_NAMES) to the model."""
+        query_emb = self.embed(query_input_ids, query_attention_mask)
+        block_emb = self.embed(block_input_ids, block_attention_mask, block_token_type_ids)
+        loss, logits, correct = in_batch_softmax_loss(query_emb, block_emb, example_mask)
+        return IctOutput(loss=loss, logits=logits, correct=correct.float())
+
+
+def keep_correct(predictions, labels) -> torch.Tensor:
+    """Trainer's preprocess_logits_for_metrics: keep only `correct` [B] (not the [B, G] logits) for the metrics."""
+    return predictions[-1] if isinstance(predictions, (tuple, list)) else predictions
+
+
+def compute_ict_metrics(eval_prediction) -> dict[str, float]:
+    """In-batch accuracy of the valid examples, also split by whether the query sentence was removed from its block
+    (Google's "masked" / "unmasked" accuracy)."""
+    correct = np.asarray(eval_prediction.predictions, dtype=np.float64)
+    removed, valid = (np.asarray(label, dtype=bool) for label in eval_prediction.label_ids)
+    metrics = {"accuracy": correct[valid].mean() if valid.any() else float("nan")}
+    for name, subset in (("removed_accuracy", valid & removed), ("kept_accuracy", valid & ~removed)):
+        metrics[name] = correct[subset].mean() if subset.any() else float("nan")
+    return {name: float(value) for name, value in metrics.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Corpus, model and evaluation
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_blocks(corpus):
+    """The corpus's blocks as a `datasets.Dataset`: a corpus folder (`openrealm corpus build`) or a Dataset."""
+    import datasets
+
+    blocks = corpus if isinstance(corpus, datasets.Dataset) else load_corpus(corpus)
+    missing = [name for name in CORPUS_COLUMNS if name not in blocks.column_names]
+    if missing:
+        raise ValueError(f"corpus {corpus} lacks the column(s) {missing} (has {blocks.column_names})")
+    if len(blocks) == 0:
+        raise ValueError(f"corpus {corpus} has no blocks")
+    return blocks
+
+
+def parse_config_overrides(text: str | None) -> dict:
+    """ "hidden_size=64,num_hidden_layers=2,hidden_act=gelu" -> {"hidden_size": 64, ...} (values read as JSON when
+    they parse, else kept as strings)."""
+    overrides = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"config override {item!r} is not key=value")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def load_embedder(init: str, tokenizer, config_overrides: dict | None = None, seed: int = 0) -> RealmEmbedder:
+    """`init`: a REALM checkpoint (RealmEmbedder, or the embedder tower of a RealmScorer / RealmForOpenQA folder) or
+    any BERT checkpoint (encoder loaded, projection head new), as a folder or Hub id; or "random": a fresh
+    RealmEmbedder sized by config_overrides, with the tokenizer's vocabulary. config_overrides: RealmConfig fields."""
+    from transformers import set_seed
+
+    overrides = dict(config_overrides or {})
+    set_seed(seed)  # the new heads (and a random model) start from the seed
+    if init == "random":
+        overrides.setdefault("vocab_size", len(tokenizer))
+        overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
+        return RealmEmbedder(RealmConfig(**overrides))
+    return load_checkpoint_embedder(init, **overrides)
+
+
+def check_compatible(embedder: RealmEmbedder, tokenizer, init: str, query_seq_len: int, block_seq_len: int) -> None:
+    """Refuse a model that cannot read the corpus's token ids or the requested lengths."""
+    config = embedder.config
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"the corpus tokenizer has {len(tokenizer)} tokens but {init} embeds only "
+            f"{config.vocab_size}: build the corpus with the model's tokenizer"
+        )
+    longest = max(query_seq_len, block_seq_len)
+    if longest > config.max_position_embeddings:
+        raise ValueError(
+            f"{init} reads at most {config.max_position_embeddings} positions, sequences of {longest} "
+            "were asked for (lower --block-seq-len / --query-seq-len)"
+        )
+    tokenizer_files = ("tokenizer.json", "vocab.txt")
+    if init != "random" and any(os.path.isfile(os.path.join(init, name)) for name in tokenizer_files):
+        from transformers import AutoTokenizer
+
+        if AutoTokenizer.from_pretrained(init).get_vocab() != tokenizer.get_vocab():
+            raise ValueError(
+                f"{init}'s vocabulary differs from the corpus tokenizer's: the corpus token ids would mean other "
+                "words. Build the corpus with this model's tokenizer (or pass --tokenizer)."
+            )
+
+
+@torch.no_grad()
+def embed_queries(embedder: RealmEmbedder, queries: list[list[int]], tokenizer, batch_size: int = 128) -> torch.Tensor:
+    """Query input ids (`[CLS] sentence [SEP]` rows) -> embeddings [Q, P] float32 on the CPU (eval mode)."""
+    was_training = embedder.training
+    embedder.eval()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    out = []
+    for start in range(0, len(queries), batch_size):
+        ids, mask = pad_rows(queries[start : start + batch_size], pad_id)
+        out.append(embedder(ids.to(embedder.device), attention_mask=mask.to(embedder.device)).projected_score)
+    embedder.train(was_training)
+    return torch.cat(out).float().cpu()
+
+
+def sample_sentence_queries(blocks, num_queries: int, seed: int, tokenizer, query_seq_len: int = QUERY_SEQ_LEN):
+    """num_queries blocks (without replacement, at most all) and one sentence of each, uniformly, from `seed`.
+
+    Returns (block ids [Q] int64, query input ids per block, removed: {"position": [R], "title_ids", "token_ids"}
+    for the multi-sentence blocks, with the query sentence cut out of token_ids).
+    """
+    rng = np.random.default_rng(seed)
+    chosen = rng.permutation(len(blocks))[: min(num_queries, len(blocks))]
+    queries, removed = [], {"position": [], "title_ids": [], "token_ids": []}
+    for position, row in enumerate(blocks.select(chosen.tolist())):
+        starts, token_ids = row["sentence_starts"], list(row["token_ids"])
+        start, end = sentence_bounds(starts, len(token_ids), int(rng.integers(len(starts)))) if len(starts) else (0, 0)
+        queries.append(query_input_ids(token_ids[start:end], tokenizer, query_seq_len))
+        if len(starts) > 1:
+            removed["position"].append(position)
+            removed["title_ids"].append(row["title_ids"])
+            removed["token_ids"].append(token_ids[:start] + token_ids[end:])
+    return torch.as_tensor(chosen, dtype=torch.long), queries, removed
+
+
+@torch.no_grad()
+def evaluate_retrieval(
+    embedder: RealmEmbedder,
+    corpus,
+    tokenizer,
+    num_queries: int = 1000,
+    k: int = 5,
+    seed: int = 0,
+    batch_size: int = 128,
+    query_seq_len: int = QUERY_SEQ_LEN,
+    block_seq_len: int = BLOCK_SEQ_LEN,
+) -> dict:
+    """Recall@k of a sentence's own block over the whole corpus (every block embedded, exact MIPS).
+
+    corpus: a corpus folder or its blocks Dataset. Queries: see sample_sentence_queries. "sentence kept": the corpus
+    is indexed as it is, so the own block contains the query. "sentence removed" (multi-sentence blocks, ICT's usual
+    case): the own block is re-embedded without the sentence and is found when fewer than k other blocks score above
+    it. Returns {"k", "recall_sentence_kept", "recall_sentence_removed", "chance" (= k / num_blocks), "num_blocks",
+    "num_queries", "num_queries_removed"}.
+    """
+    import datasets
+
+    blocks = load_blocks(corpus)
+    num_blocks = len(blocks)
+    if not 1 <= k <= num_blocks:
+        raise ValueError(f"k must be in [1, {num_blocks}] (the corpus size), got {k}")
+    embed = dict(batch_size=batch_size, max_length=block_seq_len, progress=False)
+    index = RealmBlockIndex.build(embed_blocks(embedder, blocks, tokenizer, **embed), "exact")
+    own, queries, removed = sample_sentence_queries(blocks, num_queries, seed, tokenizer, query_seq_len)
+    query_emb = embed_queries(embedder, queries, tokenizer, batch_size)
+    _, top_ids = index.search(query_emb, k)
+    kept = (top_ids == own[:, None]).any(dim=1).float().mean().item()
+
+    recall_removed = float("nan")
+    if removed["position"]:
+        positions = torch.tensor(removed.pop("position"))
+        removed_emb = embed_blocks(embedder, datasets.Dataset.from_dict(removed), tokenizer, **embed)
+        own_score = (query_emb[positions] * removed_emb).sum(-1)
+        if num_blocks - 1 < k:  # fewer than k other blocks exist: the own block is always in the top k
+            hits = torch.ones_like(own_score, dtype=torch.bool)
+        else:
+            # The own block's indexed (sentence-kept) row is no competitor: fetch k + 1, drop it, keep k others.
+            scores, ids = index.search(query_emb[positions], k + 1)
+            others = scores.masked_fill(ids == own[positions][:, None], float("-inf"))
+            hits = own_score > others.topk(k, dim=1).values[:, -1]
+        recall_removed = hits.float().mean().item()
+    return {
+        "k": k,
+        "recall_sentence_kept": kept,
+        "recall_sentence_removed": recall_removed,
+        "chance": k / num_blocks,
+        "num_blocks": num_blocks,
+        "num_queries": len(queries),
+        "num_queries_removed": len(removed["token_ids"]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def fixed_eval_examples(blocks, size: int, mask_rate: float = MASK_RATE, seed: int = 0):
+    """`size` random blocks (Google evaluates ICT on its training data) with their query sentence and removal drawn
+    once, so every evaluation scores the same examples in the same batches."""
+    rng = np.random.default_rng(seed)
+    chosen = blocks.select(rng.permutation(len(blocks))[: min(size, len(blocks))].tolist()).flatten_indices()
+    counts = np.array([len(starts) for starts in chosen["sentence_starts"]])
+    chosen = chosen.add_column("query_sentence", (rng.random(len(counts)) * counts).astype(np.int64).tolist())
+    return chosen.add_column("remove_sentence", (rng.random(len(counts)) < mask_rate).tolist())
+
+
+def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, blocks):
+    """A transformers Trainer for ICT over `blocks` (Google's optimiser: AdamW, weight decay 0.01 without LayerNorm and
+    biases, eps 1e-6, clip 1.0, linear warm-up then linear decay to 0)."""
+    from transformers import Trainer, TrainingArguments
+
+    warmup = google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps
+    # accelerate sets up a multi-process CPU run (gloo), or CPU bf16, only when told to use the CPU; without it a
+    # CUDA-less `torchrun` / `accelerate launch --multi_gpu` would run N unaware copies of a single-process job.
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    use_cpu = not torch.cuda.is_available() and (multi_process or args.bf16)
+    # Recent transformers 5 releases renamed gradient_checkpointing (now a deprecated alias) activation_checkpointing.
+    fields = TrainingArguments.__dataclass_fields__
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    training_args = TrainingArguments(
+        use_cpu=use_cpu,
+        output_dir=args.output,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        weight_decay=0.01,
+        adam_epsilon=1e-6,
+        max_grad_norm=1.0,
+        lr_scheduler_type="linear",
+        warmup_steps=warmup,
+        logging_steps=args.logging_steps,
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        save_total_limit=args.save_total_limit,
+        eval_strategy="steps" if args.eval_steps else "no",
+        eval_steps=args.eval_steps or None,
+        seed=args.seed,
+        data_seed=args.seed,
+        dataloader_drop_last=True,  # Google: batch(drop_remainder); full batches keep the negatives' count fixed
+        dataloader_num_workers=args.num_workers,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        remove_unused_columns=False,  # the collator reads corpus columns the model does not take
+        label_names=LABEL_NAMES,
+        ddp_find_unused_parameters=False,  # IctModel freezes the one unused part (the MLM head)
+        bf16=args.bf16,
+        **{checkpointing: args.gradient_checkpointing},
+        report_to=args.report_to,
+        disable_tqdm=args.no_progress,
+    )
+    world = training_args.world_size
+    if len(blocks) < args.batch_size * world:
+        raise ValueError(
+            f"corpus {args.corpus} has {len(blocks)} blocks, fewer than one global batch "
+            f"({args.batch_size} x {world} processes): lower --batch-size"
+        )
+    collator = IctCollator(
+        tokenizer, args.query_seq_len, args.block_seq_len, args.mask_rate, args.seed, training_args.process_index
+    )
+    eval_blocks = None
+    if args.eval_steps:
+        eval_blocks = fixed_eval_examples(blocks, args.eval_blocks, args.mask_rate, args.seed)
+    model = IctModel(embedder.config, embedder, embedding_dropout=args.embedding_dropout)
+    return Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=blocks,
+        eval_dataset=eval_blocks,
+        data_collator=collator,
+        compute_metrics=compute_ict_metrics,
+        preprocess_logits_for_metrics=keep_correct,
+    )
+
+
+def save_embedder(embedder: RealmEmbedder, tokenizer, output: str | os.PathLike, summary: dict) -> None:
+    """Write the RealmEmbedder, the tokenizer and ict_training.json into output; each file replaces its namesake by
+    rename, so a reader never sees a half-written folder (checkpoint-* folders beside them are kept)."""
+    from openrealm.modeling_realm import move_into
+
+    output = Path(output).absolute()
+    output.mkdir(parents=True, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".ict-saving-", dir=output.parent)
+    try:
+        embedder.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        Path(staging, "ict_training.json").write_text(json.dumps(summary, indent=2) + "\n")
+        move_into(staging, str(output))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm train ict`."""
+    parser.add_argument("--corpus", required=True, help="knowledge-corpus folder (openrealm corpus build)")
+    parser.add_argument(
+        "--init",
+        required=True,
+        help="RealmEmbedder folder or Hub id, any BERT checkpoint (e.g. "
+        "sentence-transformers/all-MiniLM-L6-v2), or 'random' (sized by --config-overrides)",
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        help="folder for the trained RealmEmbedder + tokenizer (checkpoints go in OUTPUT/checkpoint-*)",
+    )
+    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (Google: 100000 at batch 4096)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="examples per process; the negatives are the global batch (Google: 4096) (default 64)",
+    )
+    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="peak AdamW lr (default 1e-4)")
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="linear warm-up steps (default Google's min(10000, max(100, max_steps / 10)))",
+    )
+    parser.add_argument("--query-seq-len", type=int, default=QUERY_SEQ_LEN, help="query wordpieces (default 64)")
+    parser.add_argument("--block-seq-len", type=int, default=BLOCK_SEQ_LEN, help="block wordpieces (default 288)")
+    parser.add_argument(
+        "--mask-rate",
+        type=float,
+        default=MASK_RATE,
+        help="probability of removing the query sentence from its block (default 0.9)",
+    )
+    parser.add_argument(
+        "--embedding-dropout",
+        type=float,
+        default=EMBEDDING_DROPOUT,
+        help="dropout on the projected embedding while training (default 0.1, as Google)",
+    )
+    parser.add_argument(
+        "--config-overrides",
+        default=None,
+        help="RealmConfig fields as k=v,k=v (e.g. hidden_size=64,num_hidden_layers=2,"
+        "num_attention_heads=4,intermediate_size=256,retriever_proj_size=32 for --init random)",
+    )
+    parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus folder's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and examples (default 0)")
+    parser.add_argument("--logging-steps", type=int, default=50, help="log the loss every N steps (default 50)")
+    parser.add_argument(
+        "--save-steps", type=int, default=1000, help="checkpoint every N steps, 0 = never (default 1000)"
+    )
+    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
+    parser.add_argument("--overwrite", action="store_true", help="train into a non-empty OUTPUT (old checkpoints go)")
+    parser.add_argument(
+        "--resume-from-checkpoint",
+        nargs="?",
+        const="last",
+        default=None,
+        help="resume from OUTPUT's last checkpoint, or from the checkpoint folder given",
+    )
+    parser.add_argument(
+        "--eval-steps",
+        type=int,
+        default=0,
+        help="in-batch accuracy on --eval-blocks blocks every N steps, 0 = never (default 0)",
+    )
+    parser.add_argument("--eval-blocks", type=int, default=1000, help="blocks in the in-batch evaluation set")
+    parser.add_argument(
+        "--eval-queries",
+        type=int,
+        default=0,
+        help="after training, recall@5 of a sentence's own block over the whole corpus with this many "
+        "queries (embeds every block; default 0 = skip)",
+    )
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations to save memory")
+    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--push-to-hub",
+        default=None,
+        metavar="REPO_ID",
+        help="upload the trained embedder and tokenizer to this Hub repository",
+    )
+
+
+def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool) -> None:
+    """Refuse to train into a non-empty OUTPUT unless resuming or overwriting; --overwrite removes the old
+    checkpoint-* folders (Trainer's rotation would otherwise count them as this run's)."""
+    path = Path(output)
+    if resume or not path.is_dir() or not any(path.iterdir()):
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"output folder {path} is not empty: pass --overwrite to replace it or --resume-from-checkpoint to continue"
+        )
+    if int(os.environ.get("RANK", "0")) == 0:
+        for checkpoint in path.glob("checkpoint-*"):
+            shutil.rmtree(checkpoint)
+
+
+def training_summary(args: argparse.Namespace, trainer, train_loss: float) -> dict:
+    """What ict_training.json records about the run."""
+    return {
+        "init": args.init,
+        "corpus": str(args.corpus),
+        "max_steps": args.max_steps,
+        "global_batch_size": args.batch_size * trainer.args.world_size,
+        "learning_rate": args.learning_rate,
+        "warmup_steps": trainer.args.warmup_steps,
+        "mask_rate": args.mask_rate,
+        "embedding_dropout": args.embedding_dropout,
+        "query_seq_len": args.query_seq_len,
+        "block_seq_len": args.block_seq_len,
+        "seed": args.seed,
+        "train_loss": train_loss,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """`openrealm train ict`: train, save the embedder in args.output, optionally evaluate and push."""
+    from transformers import AutoTokenizer
+
+    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None)
+    blocks = load_blocks(args.corpus).select_columns(list(CORPUS_COLUMNS))
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
+    embedder = load_embedder(args.init, tokenizer, parse_config_overrides(args.config_overrides), args.seed)
+    check_compatible(embedder, tokenizer, args.init, args.query_seq_len, args.block_seq_len)
+    trainer = build_trainer(args, embedder, tokenizer, blocks)
+    resume = True if args.resume_from_checkpoint == "last" else args.resume_from_checkpoint
+    result = trainer.train(resume_from_checkpoint=resume)
+    if not trainer.is_world_process_zero():
+        return 0
+    summary = training_summary(args, trainer, result.training_loss)
+    embedder = trainer.accelerator.unwrap_model(trainer.model).embedder
+    if args.eval_queries:
+        summary["retrieval"] = evaluate_retrieval(
+            embedder,
+            blocks,
+            tokenizer,
+            args.eval_queries,
+            k=5,
+            seed=args.seed,
+            query_seq_len=args.query_seq_len,
+            block_seq_len=args.block_seq_len,
+        )
+        print(json.dumps({"retrieval": summary["retrieval"]}))
+    save_embedder(embedder, tokenizer, args.output, summary)
+    print(f"ICT: saved the RealmEmbedder to {args.output} (train loss {result.training_loss:.4f})")
+    if args.push_to_hub:
+        embedder.push_to_hub(args.push_to_hub)
+        tokenizer.push_to_hub(args.push_to_hub)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="openrealm train ict", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
