@@ -8,12 +8,11 @@ folder gains the tokenizer files and the Hub custom code.
 """
 
 import os
-import shutil
-import tempfile
 
 from transformers import AutoTokenizer
 
 from .configuration_realm import RealmConfig
+from .file_utils import atomic_directory
 from .index_realm import RealmBlockIndex
 from .modeling_realm import (
     RealmEmbedder,
@@ -52,27 +51,11 @@ def convert_legacy_folder(
     if retriever is not None and index_type != "exact":
         retriever.swap_index(RealmBlockIndex.build(retriever.index.block_emb, index_type=index_type, **index_params))
 
-    destination = os.path.abspath(os.fspath(destination))
-    parent = os.path.dirname(destination)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".convert-", dir=parent)
-    try:
+    with atomic_directory(destination, overwrite=overwrite) as staging:
         model.save_pretrained(staging)
         if retriever is None:
             AutoTokenizer.from_pretrained(source).save_pretrained(staging)
-        if os.path.exists(destination) and not overwrite:
-            raise FileExistsError(f"{destination} already exists; choose a new destination or pass overwrite=True.")
-        previous = None
-        if os.path.exists(destination):
-            previous = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
-            os.replace(destination, os.path.join(previous, "old"))
-        os.replace(staging, destination)
-        if previous is not None:
-            shutil.rmtree(previous, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return destination
+    return os.path.abspath(os.fspath(destination))
 
 
 __all__ = ["convert_legacy_folder"]

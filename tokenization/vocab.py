@@ -10,13 +10,12 @@ so `RealmTokenizer` reads the trained vocab.txt exactly as the trainer tokenized
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+from openrealm.file_utils import atomic_directory
 
 from .tokenization_realm import RealmTokenizer
 
@@ -43,7 +42,7 @@ def train_wordpiece_vocab(
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
     vocab = _train(texts, vocab_size, min_frequency)
-    with _atomic_directory(output_dir, overwrite) as staging:
+    with atomic_directory(output_dir, overwrite) as staging:
         with open(os.path.join(staging, "vocab.txt"), "w", encoding="utf-8") as handle:
             handle.writelines(token + "\n" for token in sorted(vocab, key=vocab.__getitem__))
         tokenizer = RealmTokenizer(vocab=vocab, do_lower_case=True, model_max_length=model_max_length)
@@ -96,30 +95,6 @@ def _checked(texts: Iterable[str]) -> Iterator[str]:
         if not isinstance(text, str):
             raise TypeError(f"texts[{number}] is {type(text).__name__}, not str")
         yield text
-
-
-@contextlib.contextmanager
-def _atomic_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[str]:
-    """Yield a temporary sibling folder; on success it replaces `destination` in one rename, on failure it vanishes."""
-    destination = os.path.abspath(os.fspath(destination))
-    if os.path.exists(destination) and not overwrite:
-        raise FileExistsError(f"{destination} already exists; choose another folder or pass overwrite=True.")
-    parent = os.path.dirname(destination)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(destination)}-", dir=parent)
-    try:
-        yield staging
-        os.chmod(staging, 0o755)  # mkdtemp makes it private
-        retired = None
-        if os.path.exists(destination):
-            retired = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
-            os.replace(destination, os.path.join(retired, "old"))
-        os.replace(staging, destination)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 __all__ = ["SPECIAL_TOKENS", "train_wordpiece_vocab"]

@@ -12,22 +12,22 @@ sentence states, so every salient span is recoverable.
     world.write("world/")                       # articles.jsonl, questions_{train,dev,test}.jsonl, facts.jsonl, ...
     annotate = world.span_annotator()           # sentence -> [(start, end, label)], picklable
 
-Only the standard library is imported, so the module is cheap to load in worker processes.
+Apart from the small atomic-folder helper of `openrealm.file_utils`, only the standard library is imported, so the
+module is cheap to load in worker processes.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
 import re
-import shutil
 import string
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from openrealm.file_utils import atomic_directory
 
 FORMAT = "openrealm.synthetic_world"
 FORMAT_VERSION = 1
@@ -246,7 +246,7 @@ class World:
         (ORQA's {"question", "answers"} plus split, entity, fact, relation), facts.jsonl, entities.jsonl,
         world_config.json. Same world, same bytes.
         """
-        with _atomic_directory(output_dir, overwrite) as staging:
+        with atomic_directory(output_dir, overwrite) as staging:
             _write_jsonl(os.path.join(staging, "articles.jsonl"), self.articles)
             for split in SPLITS:
                 _write_jsonl(os.path.join(staging, f"questions_{split}.jsonl"), self.questions_for(split))
@@ -595,30 +595,6 @@ def _read_jsonl(path: str) -> list[dict]:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
     return rows
-
-
-@contextlib.contextmanager
-def _atomic_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[str]:
-    """Yield a temporary sibling folder; on success it replaces `destination` in one rename, on failure it vanishes."""
-    destination = os.path.abspath(os.fspath(destination))
-    if os.path.exists(destination) and not overwrite:
-        raise FileExistsError(f"{destination} already exists; choose another folder or pass overwrite=True.")
-    parent = os.path.dirname(destination)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(destination)}-", dir=parent)
-    try:
-        yield staging
-        os.chmod(staging, 0o755)  # mkdtemp makes it private
-        retired = None
-        if os.path.exists(destination):
-            retired = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
-            os.replace(destination, os.path.join(retired, "old"))
-        os.replace(staging, destination)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
