@@ -12,8 +12,8 @@ sentence states, so every salient span is recoverable.
     world.write("world/")                       # articles.jsonl, questions_{train,dev,test}.jsonl, facts.jsonl, ...
     annotate = world.span_annotator()           # sentence -> [(start, end, label)], picklable
 
-Apart from the small atomic-folder helper of `openrealm.file_utils`, only the standard library is imported, so the
-module is cheap to load in worker processes.
+Generation uses only the standard library (random, string, re), so worlds are identical across platforms and hash
+seeds; writing uses openrealm's atomic-folder helper.
 """
 
 from __future__ import annotations
