@@ -115,6 +115,7 @@ class RealmBlockIndex:
         version: int = 0,
         faiss_index=None,
         params: dict | None = None,
+        metadata: dict | None = None,
     ):
         if index_type not in INDEX_TYPES:
             raise ValueError(f"unknown index_type '{index_type}', expected one of {INDEX_TYPES}")
@@ -139,6 +140,8 @@ class RealmBlockIndex:
         self.version = int(version)
         self.faiss_index = faiss_index
         self.params = dict(params or {})
+        # Provenance saved with the index (corpus fingerprint, embedder, timings...): JSON-serialisable values only.
+        self.metadata = dict(metadata or {})
         self._mmap = None  # the np.memmap behind block_emb when loaded by from_pretrained
         self._gpu_resources = None  # faiss StandardGpuResources; must outlive the GPU index
         self._faiss_gpu = None  # GPU ordinal of the faiss index, None on CPU
@@ -217,6 +220,8 @@ class RealmBlockIndex:
         if not isinstance(query_emb, torch.Tensor) or query_emb.dim() != 2 or query_emb.shape[1] != self.dim:
             shape = tuple(query_emb.shape) if hasattr(query_emb, "shape") else type(query_emb).__name__
             raise ValueError(f"query_emb must be [num_queries, dim={self.dim}], got {shape}")
+        if isinstance(k, (np.integer, torch.Tensor)) and not isinstance(k, bool):
+            k = int(k)  # numpy / 0-d tensor ints from callers
         if not isinstance(k, int) or not 1 <= k <= self.num_blocks:
             raise ValueError(f"k must be an int in [1, num_blocks={self.num_blocks}], got k={k!r}")
         chunk_size = self.params.get("chunk_size")
@@ -334,6 +339,7 @@ class RealmBlockIndex:
             "num_blocks": self.num_blocks,
             "dim": self.dim,
             "params": self.params,
+            "metadata": self.metadata,
         }
         (directory / INDEX_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file({"block_emb": self.block_emb.detach().cpu().contiguous()}, str(directory / BLOCK_EMB_NAME))
@@ -363,7 +369,9 @@ class RealmBlockIndex:
         faiss_index = None
         if config["index_type"] != "exact":
             faiss_index = _read_faiss(directory / FAISS_INDEX_NAME, config["index_type"], block_emb.shape)
-        index = cls(block_emb, config["index_type"], config["version"], faiss_index, config["params"])
+        index = cls(
+            block_emb, config["index_type"], config["version"], faiss_index, config["params"], config.get("metadata")
+        )
         index._mmap = mmap
         return index.to(device) if device is not None else index
 
@@ -503,7 +511,10 @@ def _mmap_safetensors(path: Path) -> tuple[torch.Tensor, np.memmap]:
             raise ValueError(f"{path} has a corrupted safetensors header ({error})") from error
     if not isinstance(entry, dict) or entry.get("dtype") not in _ST_DTYPES:
         raise ValueError(f"{path} has no float tensor 'block_emb' (supported dtypes: {sorted(_ST_DTYPES)})")
-    shape, (begin, end) = entry["shape"], entry["data_offsets"]
+    try:
+        shape, (begin, end) = [int(n) for n in entry["shape"]], [int(n) for n in entry["data_offsets"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path} has a corrupted safetensors header ({error!r})") from error
     if len(shape) != 2 or min(shape) < 1:
         raise ValueError(f"{path}: block_emb must be 2-D and non-empty [num_blocks, dim], got shape {shape}")
     np_dtype, torch_dtype = _ST_DTYPES[entry["dtype"]]

@@ -236,3 +236,11 @@ def test_two_processes_under_accelerate_join_to_the_single_process_embeddings(co
     assert info["world_size"] == 2
     expected = embed_blocks(embedder, load_corpus(corpus), fixture_tokenizer(), progress=False)
     torch.testing.assert_close(load_index(tmp_path / "index").block_emb, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_layout_keeps_the_build_provenance_in_the_index_config(corpus, tmp_path):
+    """The versioned layout writes build_info.json; both layouts carry it in index_config.json's metadata."""
+    build_index(tiny_embedder(), corpus, tmp_path / "plain", layout="plain", progress=False)
+    metadata = json.loads((tmp_path / "plain" / "index_config.json").read_text())["metadata"]
+    assert len(metadata["corpus_fingerprint"]) == 64
+    assert RealmBlockIndex.from_pretrained(tmp_path / "plain").metadata == metadata

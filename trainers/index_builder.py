@@ -469,11 +469,12 @@ def build_index(
     index = None
     if is_main:
         index = RealmBlockIndex.build(block_emb, index_type=index_type, version=version, **(index_params or {}))
+        info = _build_info(index, corpus_dir, blocks, embedder, embedder_name, device, dtype, max_length, world)
+        info.update(embed_seconds=round(seconds, 3), blocks_per_second=round(len(blocks) / seconds, 2))
+        index.metadata.update(info)  # provenance travels inside index_config.json, whatever the layout
         if layout == "plain":
             index.save_pretrained(output_dir)
         else:
-            info = _build_info(index, corpus_dir, blocks, embedder, embedder_name, device, dtype, max_length, world)
-            info.update(embed_seconds=round(seconds, 3), blocks_per_second=round(len(blocks) / seconds, 2))
             _write_version(index, output_dir, info, keep)
     if accelerator is not None and world > 1:
         accelerator.wait_for_everyone()

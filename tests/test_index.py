@@ -1,0 +1,329 @@
+"""Tests for openrealm.index_realm: exact and faiss MIPS, persistence, validation."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from openrealm import index_realm
+from openrealm.index_realm import (
+    BLOCK_EMB_NAME,
+    FAISS_INDEX_NAME,
+    INDEX_CONFIG_NAME,
+    RealmBlockIndex,
+    torch_exact_search,
+)
+
+NUM_BLOCKS, DIM, NUM_QUERIES = 5000, 32, 64
+# Generous parameters: on this small clustered set each approximate index should find nearly all exact neighbours.
+BUILD_PARAMS = {
+    "exact": {},
+    "flat": {},
+    "ivf": {"nlist": 32, "nprobe": 8},
+    "hnsw": {"m": 16, "ef_construction": 64, "ef_search": 128},
+    "ivfpq": {"nlist": 32, "nprobe": 8, "pq_m": 8, "pq_bits": 8, "rerank": 10},
+    "pq": {"pq_m": 8, "pq_bits": 6, "rerank": 20},
+}
+FAISS_TYPES = ["flat", "ivf", "hnsw", "ivfpq", "pq"]
+
+
+def clustered(num_blocks: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """LayerNorm-ed blocks drawn around 50 centres, and queries that are noisy copies of random blocks."""
+    g = torch.Generator().manual_seed(seed)
+    centers = 2 * torch.randn(50, dim, generator=g)
+    blocks = centers[torch.randint(50, (num_blocks,), generator=g)] + torch.randn(num_blocks, dim, generator=g)
+    blocks = torch.nn.functional.layer_norm(blocks, (dim,))
+    queries = blocks[torch.randint(num_blocks, (NUM_QUERIES,), generator=g)]
+    queries = torch.nn.functional.layer_norm(queries + 0.5 * torch.randn(NUM_QUERIES, dim, generator=g), (dim,))
+    return blocks, queries
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    return clustered(NUM_BLOCKS, DIM)
+
+
+@pytest.fixture(scope="module")
+def indexes(data) -> dict[str, RealmBlockIndex]:
+    blocks, _ = data
+    return {t: RealmBlockIndex.build(blocks, t, version=3, **params) for t, params in BUILD_PARAMS.items()}
+
+
+def test_exact_matches_numpy_brute_force(data):
+    blocks, queries = data
+    scores, ids = RealmBlockIndex.build(blocks).search(queries, 5)
+    all_scores = queries.double().numpy() @ blocks.double().numpy().T
+    expected_ids = np.argsort(-all_scores, axis=1)[:, :5]
+    np.testing.assert_array_equal(ids.numpy(), expected_ids)
+    np.testing.assert_allclose(scores.numpy(), np.take_along_axis(all_scores, expected_ids, 1), rtol=1e-5, atol=1e-4)
+    assert scores.dtype == torch.float32 and ids.dtype == torch.int64
+
+
+def test_chunked_exact_equals_unchunked(data):
+    blocks, queries = data
+    scores, ids = torch_exact_search(blocks, queries, 7, chunk_size=NUM_BLOCKS)
+    # 333 does not divide 5000 (ragged last chunk); chunks of 3 rows hold fewer blocks than k=7.
+    for chunk_size in (333, 3):
+        chunk_scores, chunk_ids = torch_exact_search(blocks, queries, 7, chunk_size=chunk_size)
+        torch.testing.assert_close(chunk_scores, scores)
+        assert torch.equal(chunk_ids, ids)
+
+
+def test_flat_recall_is_exact(data, indexes):
+    assert indexes["flat"].recall_at_k(data[1], 5) == 1.0
+
+
+@pytest.mark.parametrize("index_type", ["ivf", "hnsw", "ivfpq", "pq"])
+def test_approximate_recall_at_5_is_high(data, indexes, index_type):
+    assert indexes[index_type].recall_at_k(data[1], 5) >= 0.9
+
+
+def test_recall_against_an_explicit_reference(data, indexes):
+    assert indexes["ivf"].recall_at_k(data[1], 5, reference=indexes["flat"]) == indexes["ivf"].recall_at_k(data[1], 5)
+
+
+@pytest.mark.parametrize("index_type", FAISS_TYPES)
+def test_faiss_scores_are_exact_inner_products_sorted(data, indexes, index_type):
+    blocks, queries = data
+    scores, ids = indexes[index_type].search(queries, 5)
+    expected = torch.einsum("qd,qkd->qk", queries, blocks[ids])
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-4)
+    assert (scores[:, :-1] >= scores[:, 1:]).all()
+    assert (ids >= 0).all() and all(len(set(row)) == 5 for row in ids.tolist())
+
+
+@pytest.mark.parametrize("index_type", ["exact", "flat", "hnsw"])
+def test_k_equals_1_shapes(data, indexes, index_type):
+    scores, ids = indexes[index_type].search(data[1], 1)
+    assert scores.shape == ids.shape == (NUM_QUERIES, 1)
+
+
+def test_search_accepts_other_float_dtypes(data, indexes):
+    _, ids = indexes["exact"].search(data[1], 5)
+    _, ids_double = indexes["ivf"].search(data[1].double(), 5)
+    assert (ids_double == ids).float().mean() >= 0.9
+    _, ids_bf16 = indexes["exact"].search(data[1].bfloat16(), 5)
+    assert ids_bf16.shape == (NUM_QUERIES, 5)
+
+
+def test_faiss_missing_results_fall_back_to_exact(data):
+    # nprobe=1 over 100 lists of ~50 blocks: for k=60 faiss often finds too few blocks and pads with -1.
+    blocks, queries = data
+    index = RealmBlockIndex.build(blocks, "ivf", nlist=100, nprobe=1)
+    scores, ids = index.search(queries, 60)
+    assert (ids >= 0).all()
+    exact_scores, _ = torch_exact_search(blocks, queries, 60)
+    short = index.faiss_index.search(queries.numpy(), 60)[1].min(axis=1) < 0
+    assert short.any()
+    torch.testing.assert_close(scores[torch.from_numpy(short)], exact_scores[torch.from_numpy(short)])
+
+
+def test_embeddings_returns_rows_for_any_id_shape(data, indexes):
+    blocks, _ = data
+    ids = torch.tensor([[0, 7], [4999, 12]])
+    assert torch.equal(indexes["ivf"].embeddings(ids), blocks[ids])
+    with pytest.raises(IndexError, match="block ids"):
+        indexes["exact"].embeddings(torch.tensor([-1]))
+
+
+def test_set_search_params_changes_faiss(indexes):
+    index = RealmBlockIndex.build(indexes["exact"].block_emb, "ivf", nlist=16, nprobe=2)
+    index.set_search_params(nprobe=5)
+    assert index.faiss_index.nprobe == 5 and index.params["nprobe"] == 5
+    with pytest.raises(ValueError, match="ef_search"):
+        index.set_search_params(ef_search=10)
+
+
+@pytest.mark.parametrize("index_type", list(BUILD_PARAMS))
+def test_save_load_roundtrip(data, indexes, tmp_path, index_type):
+    index = indexes[index_type]
+    index.save_pretrained(tmp_path / "index")
+    loaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
+    assert (loaded.index_type, loaded.version, loaded.params) == (index_type, 3, index.params)
+    for got, want in zip(loaded.search(data[1], 5), index.search(data[1], 5)):
+        assert torch.equal(got, want)
+    expected_files = {INDEX_CONFIG_NAME, BLOCK_EMB_NAME} | ({FAISS_INDEX_NAME} if index_type != "exact" else set())
+    assert {p.name for p in (tmp_path / "index").iterdir()} == expected_files
+
+
+def test_loaded_embeddings_are_memory_mapped(indexes, tmp_path):
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    loaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
+    path = tmp_path / "index" / BLOCK_EMB_NAME
+    assert loaded.is_memory_mapped and not indexes["exact"].is_memory_mapped
+    assert isinstance(loaded._mmap, np.memmap) and str(loaded._mmap.filename) == str(path)
+    assert loaded.block_emb.data_ptr() == loaded._mmap.ctypes.data  # the tensor is a view of the mapping, no copy
+    if sys.platform == "linux":  # the kernel lists the file among this process's memory mappings
+        assert str(path) in open("/proc/self/maps").read()
+
+
+def test_saved_embeddings_are_plain_safetensors(indexes, tmp_path):
+    from safetensors import safe_open
+
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    with safe_open(str(tmp_path / "index" / BLOCK_EMB_NAME), framework="pt") as f:
+        assert torch.equal(f.get_tensor("block_emb"), indexes["exact"].block_emb)
+
+
+def test_save_replaces_an_existing_index(data, indexes, tmp_path):
+    indexes["ivf"].save_pretrained(tmp_path / "index")
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    assert RealmBlockIndex.from_pretrained(tmp_path / "index").index_type == "exact"
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]  # no temporary or set-aside directory left
+
+
+def test_save_over_the_directory_it_was_loaded_from(data, indexes, tmp_path):
+    indexes["ivf"].save_pretrained(tmp_path / "index")
+    loaded = RealmBlockIndex.from_pretrained(tmp_path / "index")  # block_emb memory-maps the file being replaced
+    loaded.version = 4
+    loaded.save_pretrained(tmp_path / "index")
+    reloaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
+    assert reloaded.version == 4 and torch.equal(reloaded.block_emb, data[0])
+    assert torch.equal(reloaded.search(data[1], 5)[1], indexes["ivf"].search(data[1], 5)[1])
+
+
+def test_failed_save_leaves_previous_index_intact(data, indexes, tmp_path, monkeypatch):
+    indexes["flat"].save_pretrained(tmp_path / "index")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "index").iterdir()}
+
+    def failing_save_file(tensors, filename):
+        open(filename, "wb").write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(index_realm, "save_file", failing_save_file)
+    with pytest.raises(OSError, match="disk full"):
+        indexes["ivf"].save_pretrained(tmp_path / "index")
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "index").iterdir()} == before
+
+
+def test_save_refuses_to_replace_a_directory_with_other_files(indexes, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(ValueError, match="model.safetensors"):
+        indexes["exact"].save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_error_k_larger_than_num_blocks(data, indexes):
+    for index_type in ("exact", "ivf"):
+        with pytest.raises(ValueError, match="k must be"):
+            indexes[index_type].search(data[1], NUM_BLOCKS + 1)
+    with pytest.raises(ValueError, match="k must be"):
+        indexes["exact"].search(data[1], 0)
+
+
+def test_error_wrong_query_dim(indexes):
+    with pytest.raises(ValueError, match=f"dim={DIM}"):
+        indexes["exact"].search(torch.randn(2, DIM + 1), 5)
+    with pytest.raises(ValueError, match="query_emb"):
+        indexes["flat"].search(torch.randn(DIM), 5)
+
+
+def test_error_missing_faiss_index_file(indexes, tmp_path):
+    indexes["hnsw"].save_pretrained(tmp_path / "index")
+    (tmp_path / "index" / FAISS_INDEX_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match=f"missing faiss index .*{FAISS_INDEX_NAME}"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_error_faiss_index_size_differs_from_embeddings(data, indexes, tmp_path):
+    indexes["flat"].save_pretrained(tmp_path / "index")
+    smaller = RealmBlockIndex.build(data[0][:100], "flat")
+    index_realm.faiss.write_index(smaller.faiss_index, str(tmp_path / "index" / FAISS_INDEX_NAME))
+    with pytest.raises(ValueError, match=f"{FAISS_INDEX_NAME} holds 100 x {DIM} vectors"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_error_embedding_rows_contradict_config(data, indexes, tmp_path):
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    save_file({"block_emb": data[0][:10].contiguous()}, str(tmp_path / "index" / BLOCK_EMB_NAME))
+    with pytest.raises(ValueError, match=f"{BLOCK_EMB_NAME} holds 10 x {DIM} .*{INDEX_CONFIG_NAME} says"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_error_non_2d_embeddings_file(indexes, tmp_path):
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    save_file({"block_emb": torch.zeros(NUM_BLOCKS * DIM)}, str(tmp_path / "index" / BLOCK_EMB_NAME))
+    with pytest.raises(ValueError, match=f"{BLOCK_EMB_NAME}: block_emb must be 2-D"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_error_corrupted_config_json(indexes, tmp_path):
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    (tmp_path / "index" / INDEX_CONFIG_NAME).write_text('{"index_type": "exact", ')
+    with pytest.raises(ValueError, match=f"corrupted index config .*{INDEX_CONFIG_NAME}: not valid JSON"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+    (tmp_path / "index" / INDEX_CONFIG_NAME).write_text(json.dumps({"index_type": "exact"}))
+    with pytest.raises(ValueError, match=f"{INDEX_CONFIG_NAME}: 'format_version' missing"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_error_missing_directory_or_files(indexes, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        RealmBlockIndex.from_pretrained(tmp_path / "nowhere")
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    (tmp_path / "index" / BLOCK_EMB_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match=f"missing block embeddings .*{BLOCK_EMB_NAME}"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_build_rejects_nan(data):
+    blocks = data[0].clone()
+    blocks[1234, 5] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf .*row 1234"):
+        RealmBlockIndex.build(blocks, "exact")
+
+
+def test_build_rejects_bad_inputs(data):
+    with pytest.raises(ValueError, match="2-D"):
+        RealmBlockIndex.build(data[0][0], "exact")
+    with pytest.raises(ValueError, match="unknown index_type"):
+        RealmBlockIndex.build(data[0], "scann")
+    with pytest.raises(ValueError, match="unknown parameters \\['nprobe'\\]"):
+        RealmBlockIndex.build(data[0], "hnsw", nprobe=4)
+
+
+def test_build_accepts_numpy(data):
+    index = RealmBlockIndex.build(data[0].numpy(), "exact")
+    assert torch.equal(index.search(data[1], 5)[1], RealmBlockIndex.build(data[0]).search(data[1], 5)[1])
+
+
+def test_faiss_types_need_faiss(data, monkeypatch):
+    monkeypatch.setattr(index_realm, "faiss", None)
+    with pytest.raises(ImportError, match="index type 'hnsw' needs faiss: pip install faiss-cpu"):
+        RealmBlockIndex.build(data[0], "hnsw")
+    assert RealmBlockIndex.build(data[0], "exact").search(data[1], 2)[1].shape == (NUM_QUERIES, 2)
+
+
+def test_faiss_index_on_cuda_without_faiss_gpu_is_a_clear_error(indexes, monkeypatch):
+    monkeypatch.setattr(index_realm.faiss, "get_num_gpus", lambda: 0)
+    with pytest.raises(RuntimeError, match="faiss-gpu"):
+        indexes["ivf"].to("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_exact_and_flat_match_cpu(data, indexes):
+    blocks, queries = data
+    cpu_scores, cpu_ids = indexes["exact"].search(queries, 5)
+    exact = RealmBlockIndex.build(blocks, "exact").to("cuda")
+    scores, ids = exact.search(queries.cuda(), 5)
+    assert ids.device.type == "cuda"
+    assert torch.equal(ids.cpu(), cpu_ids)
+    torch.testing.assert_close(scores.cpu(), cpu_scores, rtol=1e-4, atol=1e-3)
+    if index_realm.faiss is not None and index_realm.faiss.get_num_gpus() > 0:
+        flat = RealmBlockIndex.build(blocks, "flat").to("cuda")
+        scores, ids = flat.search(queries.cuda(), 5)
+        assert torch.equal(ids.cpu(), cpu_ids)
+        torch.testing.assert_close(scores.cpu(), cpu_scores, rtol=1e-4, atol=1e-3)
+
+
+def test_metadata_round_trips_through_save_and_load(tmp_path):
+    index = RealmBlockIndex.build(torch.randn(20, 8), version=3)
+    index.metadata.update(corpus_fingerprint="abc123", embedder="tiny")
+    index.save_pretrained(tmp_path / "index")
+    loaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
+    assert loaded.metadata == {"corpus_fingerprint": "abc123", "embedder": "tiny"}
+    assert loaded.version == 3
