@@ -240,7 +240,9 @@ def test_missing_weights_raise_naming_the_folder(tmp_path):
         RealmEmbedder.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("model_class", [RealmEmbedder, RealmKnowledgeAugEncoder, RealmReader], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "model_class", [RealmEmbedder, RealmKnowledgeAugEncoder, RealmReader], ids=lambda c: c.__name__
+)
 def test_input_embeddings_are_the_bert_word_embeddings(model_class):
     model = model_class(tiny_realm_config())
     assert model.get_input_embeddings() is model.realm.embeddings.word_embeddings

@@ -1,11 +1,11 @@
 """The `openrealm` command line (also `python -m openrealm` and `accelerate launch -m openrealm`).
 
-    openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overwrite]   # 4.x folder -> new layout
-    openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
-    openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
-    openrealm corpus build --input FILE.jsonl --output DIR [--spans spacy|regex|MODEL]      # knowledge corpus
-    openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N                # ICT warm start
-    openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type flat]    # MIPS index
+openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overwrite]   # 4.x folder -> new layout
+openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
+openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
+openrealm corpus build --input FILE.jsonl --output DIR [--spans spacy|regex|MODEL]      # knowledge corpus
+openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N                # ICT warm start
+openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type flat]    # MIPS index
 """
 
 import argparse
@@ -91,7 +91,9 @@ def run_ask(args: argparse.Namespace) -> int:
         print(f"Q: {question}")
         for answer in answers:
             print(f"  A: {answer['answer']}  (score {answer['score']:.3f})")
-            print(f"     block {answer['block_id']} [{answer['title']}] retrieval score {answer['retrieval_score']:.3f}")
+            print(
+                f"     block {answer['block_id']} [{answer['title']}] retrieval score {answer['retrieval_score']:.3f}"
+            )
             print(f"     {answer['text'][:300]}")
     return 0
 
