@@ -1,0 +1,392 @@
+"""REALM retrieval-augmented MLM pre-training: the examples and the model (Google §2-§3, paper §2.3-§3.4).
+
+`RealmPretrainingExamples` turns a batch of masked queries (the output of `SalientSpanCollator`) into REALM examples:
+it embeds the queries with the embedder snapshot the current index was built with, searches the top K, drops examples
+whose K contain duplicate uids, removes the trivial candidate (the query's own block), prepends the null document and
+cuts to K, then builds the candidates' retriever inputs and the joint (knowledge-augmented encoder) inputs.
+
+`RealmPretrainingModel` recomputes the query and candidate embeddings with the current parameters (the stale index
+only chooses the candidates; gradients reach the shared embedder through both sides), and returns the marginal MLM
+loss (each masked token marginalised over the K candidates, token-level mean over the batch) and Google's metrics.
+
+Not here yet: the index-refresh callback, multi-process example generation, the Trainer loop and the CLI.
+
+Departures from Google's code:
+- Inputs are padded to the longest in the batch, not to Google's fixed 96 / 288 / 384: TPUs need static shapes,
+  GPUs and CPUs do not, and most queries are one short sentence, so the B·K joint passes at 384 would mostly compute
+  padding. The numbers are the same (padding is masked out of attention; BERT's positions do not depend on it).
+- The MLM head runs only at the masked positions (as Google's `mlm` signature does with `mlm_positions`), gathered
+  from the labels rather than from a fixed [M] positions tensor; identical numbers to the full-sequence head.
+- The query is embedded in eval mode (no dropout), as Google's generator uses the inference graph.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.utils import ModelOutput
+
+from openrealm import RealmBlockIndex, RealmEmbedder, RealmKnowledgeAugEncoder
+from openrealm.modeling_realm import flatten_candidates
+from openrealm.tokenization.corpus import block_retriever_inputs
+
+# Google's local_launcher.sh / model.py defaults (spec §2.3, §3.1).
+NUM_CANDIDATES = 8
+QUERY_SEQ_LEN = 96
+CANDIDATE_SEQ_LEN = 288
+JOINT_SEQ_LEN = QUERY_SEQ_LEN + CANDIDATE_SEQ_LEN
+EMBEDDING_DROPOUT = 0.1
+NULL_BLOCK_ID = -1
+COUNTERS = ("num_examples", "num_dropped_duplicate_uids", "num_trivial_retrieved")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Examples (Google's example_generator + featurization, spec §2.3 and §3.3-§3.4)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def joint_inputs(
+    query_ids: Sequence[int], body_ids: Sequence[int], tokenizer, max_length: int = JOINT_SEQ_LEN
+) -> dict[str, list[int]]:
+    """`[CLS] query [SEP] body [SEP]` (no title; Google's featurize_query_and_docs + pad_or_truncate_pair without
+    the padding): the query (wordpieces, no special tokens) is cut first to max_length - 3, the body gets what
+    remains. Segment 0 for `[CLS] query [SEP]`, 1 for `body [SEP]`. The null document gives `[CLS] query [SEP] [SEP]`.
+    """
+    return block_retriever_inputs(query_ids, body_ids, tokenizer, max_length)
+
+
+def _fetch_rows(blocks, ids: Sequence[int]) -> list[Mapping[str, Any]]:
+    """Rows `title_ids`, `token_ids`, `uid` of the given block ids (a datasets.Dataset or a sequence of dicts)."""
+    if not ids:
+        return []
+    if hasattr(blocks, "column_names"):  # datasets.Dataset: one batched read instead of one per row
+        columns = blocks.select_columns(["title_ids", "token_ids", "uid"])[list(ids)]
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+    return [blocks[i] for i in ids]
+
+
+def _pad(rows: Sequence[Sequence[Sequence[int]]], value: int, num_candidates: int) -> torch.Tensor:
+    """B lists of K id lists -> [B, K, longest] int64 filled with value."""
+    length = max((len(ids) for example in rows for ids in example), default=1)
+    out = torch.full((len(rows), num_candidates, length), value, dtype=torch.long)
+    for b, example in enumerate(rows):
+        for k, ids in enumerate(example):
+            out[b, k, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
+class RealmPretrainingExamples:
+    """Masked queries + (query embedder snapshot, index, corpus blocks) -> REALM pre-training batches.
+
+    `blocks`: the corpus rows (`load_corpus(DIR)` or a list of dicts with `title_ids`, `token_ids`, `uid`), in block-id
+    order, matching `index`. `query_embedder` must be the embedder `index` was built with (Google §4.3: the query and
+    document embeddings of one snapshot choose the candidates); swap both together with `update_index`.
+
+    `__call__(queries)` takes `SalientSpanCollator`'s batch (`query_input_ids`, `query_attention_mask`, `labels`
+    [B, Lq], `uid` list, `block_id` [B]) and returns, for the B' <= B kept examples:
+    `query_input_ids`, `query_token_type_ids`, `query_attention_mask` [B', Lq'];
+    `candidate_input_ids`, `candidate_token_type_ids`, `candidate_attention_mask` [B', K, Ld] (null first);
+    `joint_input_ids`, `joint_token_type_ids`, `joint_attention_mask` [B', K, Lj];
+    `labels` [B', Lj] (-100 = not predicted), `mlm_mask` [B', Lj]; `candidate_block_ids` [B', K] (-1 = null);
+    `block_id` [B'], `uid` list; `index_version` int; `stats` {counter: count} of this batch.
+    Lengths are the longest in the batch (at most 96 / 288 / 384), not Google's fixed ones (see the module doc).
+    Counters accumulate in `self.counters` too.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        blocks,
+        query_embedder: nn.Module,
+        index: RealmBlockIndex,
+        num_candidates: int = NUM_CANDIDATES,
+        candidate_seq_len: int = CANDIDATE_SEQ_LEN,
+        joint_seq_len: int = JOINT_SEQ_LEN,
+    ):
+        if num_candidates < 2:
+            raise ValueError(f"num_candidates must be at least 2 (the null document + one), got {num_candidates}")
+        self.tokenizer = tokenizer
+        self.blocks = blocks
+        self.num_candidates = num_candidates
+        self.candidate_seq_len = candidate_seq_len
+        self.joint_seq_len = joint_seq_len
+        self.counters: Counter = Counter({name: 0 for name in COUNTERS})
+        self.update_index(query_embedder, index)
+
+    def update_index(self, query_embedder: nn.Module, index: RealmBlockIndex) -> None:
+        """Swap to a new (embedder snapshot, index) pair, built from the same parameters."""
+        if index.num_blocks != len(self.blocks):
+            raise ValueError(f"the index holds {index.num_blocks} blocks but the corpus has {len(self.blocks)}")
+        if index.num_blocks < self.num_candidates:
+            raise ValueError(f"num_candidates={self.num_candidates} exceeds the {index.num_blocks} indexed blocks")
+        self.query_embedder = query_embedder
+        self.index = index
+
+    @torch.no_grad()
+    def embed_queries(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, Lq] -> [B, P], in eval mode (Google's generator runs the inference graph: no dropout)."""
+        length = max(int(attention_mask.sum(1).max()), 1)  # padding past the longest query changes nothing
+        input_ids, attention_mask = input_ids[:, :length], attention_mask[:, :length]
+        was_training = self.query_embedder.training
+        self.query_embedder.eval()
+        try:
+            device = next(self.query_embedder.parameters()).device
+            output = self.query_embedder(
+                input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                token_type_ids=torch.zeros_like(input_ids, device=device),
+            )
+        finally:
+            self.query_embedder.train(was_training)
+        return output.projected_score.float()
+
+    def __call__(self, queries: Mapping[str, Any]) -> dict[str, Any]:
+        stats: Counter = Counter({name: 0 for name in COUNTERS})
+        input_ids, attention_mask = queries["query_input_ids"], queries["query_attention_mask"]
+        if len(input_ids):
+            _, retrieved = self.index.search(self.embed_queries(input_ids, attention_mask), self.num_candidates)
+            retrieved = retrieved.cpu().tolist()
+        else:
+            retrieved = []
+        unique_ids = sorted({i for ids in retrieved for i in ids})
+        by_id = dict(zip(unique_ids, _fetch_rows(self.blocks, unique_ids)))
+        kept, candidates = [], []
+        for b, ids in enumerate(retrieved):
+            chosen = self._candidates(ids, by_id, queries["uid"][b], stats)
+            if chosen is not None:
+                kept.append(b)
+                candidates.append(chosen)
+        stats["num_examples"] = len(kept)
+        self.counters.update(stats)
+        return self._featurize(queries, kept, candidates, by_id, dict(stats))
+
+    def _candidates(
+        self, ids: list[int], by_id: Mapping[int, Mapping], query_uid: str, stats: Counter
+    ) -> list[int] | None:
+        """Google's postprocess_candidates: None when the K share a uid; else the null doc + the non-trivial ids, cut
+        to K."""
+        uids = [by_id[i]["uid"] for i in ids]
+        if len(set(uids)) < len(uids):
+            stats["num_dropped_duplicate_uids"] += 1
+            return None
+        # Uids are unique here, so at most one candidate is the trivial retrieval (Google asserts it).
+        kept = [i for i, uid in zip(ids, uids) if uid != query_uid]
+        stats["num_trivial_retrieved"] += len(ids) - len(kept)
+        return [NULL_BLOCK_ID, *kept][: self.num_candidates]
+
+    def _featurize(
+        self,
+        queries: Mapping[str, Any],
+        kept: list[int],
+        candidates: list[list[int]],
+        by_id: Mapping[int, Mapping],
+        stats: dict[str, int],
+    ) -> dict[str, Any]:
+        tok = self.tokenizer
+        query_mask = queries["query_attention_mask"][kept].bool()
+        query_length = int(query_mask.sum(1).max()) if kept else 1
+        retriever, joint = [], []
+        for row, (b, block_ids) in enumerate(zip(kept, candidates)):
+            # The query's wordpieces without [CLS]/[SEP]: at most 94, so they are never cut in the joint input.
+            query_ids = queries["query_input_ids"][b][query_mask[row]].tolist()[1:-1]
+            empty = {"title_ids": [], "token_ids": []}
+            docs = [by_id[i] if i != NULL_BLOCK_ID else empty for i in block_ids]
+            retriever.append(
+                [block_retriever_inputs(d["title_ids"], d["token_ids"], tok, self.candidate_seq_len) for d in docs]
+            )
+            joint.append([joint_inputs(query_ids, d["token_ids"], tok, self.joint_seq_len) for d in docs])
+        batch: dict[str, Any] = {
+            "query_input_ids": queries["query_input_ids"][kept, :query_length],
+            "query_token_type_ids": torch.zeros((len(kept), query_length), dtype=torch.long),
+            "query_attention_mask": queries["query_attention_mask"][kept, :query_length],
+        }
+        pads = {"input_ids": tok.pad_token_id, "token_type_ids": 0, "attention_mask": 0}
+        for prefix, inputs in (("candidate", retriever), ("joint", joint)):
+            for name, value in pads.items():
+                ids = [[x[name] for x in example] for example in inputs]
+                batch[f"{prefix}_{name}"] = _pad(ids, value, self.num_candidates)
+        joint_length = batch["joint_input_ids"].shape[-1]
+        labels = torch.full((len(kept), joint_length), -100, dtype=torch.long)
+        # The query comes first in the joint input, so its label positions are valid there as they are.
+        width = min(joint_length, queries["labels"].shape[1])
+        labels[:, :width] = queries["labels"][kept, :width]
+        batch.update(
+            labels=labels,
+            mlm_mask=(labels != -100).long(),
+            candidate_block_ids=torch.tensor(candidates, dtype=torch.long).reshape(len(kept), -1),
+            block_id=torch.as_tensor(queries["block_id"])[kept],
+            uid=[queries["uid"][b] for b in kept],
+            index_version=self.index.version,
+            stats=stats,
+        )
+        return batch
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model (Google's model.py, spec §3.1-§3.6)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RealmPretrainingOutput(ModelOutput):
+    """`loss` (scalar): -mean over masked tokens of m = logsumexp_k [log p(z_k|x) + log p(y|z_k,x)];
+    `relevance_score` [B, K] = q·d; `candidate_log_prob` [B, K] = log p(z|x); `token_log_prob` [N, K] =
+    log p(y_j|z_k,x) at the N masked tokens (row-major over (b, position)); `marginal_log_prob` [N];
+    `retrieval_utility`: mean over masked tokens of m - log p(y|null,x) (Google §3.6); `null_doc_prob`: mean p(null|x);
+    `top_candidate_log_prob`: mean log p(y|z*,x) with z* = argmax_k p(z_k|x); `oracle_candidate_log_prob`: the same
+    with z* = the candidate of highest reader likelihood of the example's masked tokens; `query_emb` [B, P],
+    `candidate_emb` [B, K, P] (after dropout)."""
+
+    loss: torch.FloatTensor | None = None
+    relevance_score: torch.FloatTensor | None = None
+    candidate_log_prob: torch.FloatTensor | None = None
+    token_log_prob: torch.FloatTensor | None = None
+    marginal_log_prob: torch.FloatTensor | None = None
+    retrieval_utility: torch.FloatTensor | None = None
+    null_doc_prob: torch.FloatTensor | None = None
+    top_candidate_log_prob: torch.FloatTensor | None = None
+    oracle_candidate_log_prob: torch.FloatTensor | None = None
+    query_emb: torch.FloatTensor | None = None
+    candidate_emb: torch.FloatTensor | None = None
+
+
+class RealmPretrainingModel(nn.Module):
+    """REALM pre-training: one `RealmEmbedder` for queries and documents (Google's share_embedders=True) and a
+    `RealmKnowledgeAugEncoder` (BERT MLM) over `[CLS] query [SEP] body [SEP]`.
+
+    `embedding_dropout` (default 0.1, Google's embedder built with the train tag) is applied to the 128-d query and
+    document embeddings in train mode only. `masked_positions_only` (default True) runs the MLM head only at the masked
+    tokens; False runs it over every position and uses `RealmKnowledgeAugEncoder.marginal_mlm_loss` (same numbers).
+    """
+
+    def __init__(
+        self,
+        embedder: RealmEmbedder,
+        encoder: RealmKnowledgeAugEncoder,
+        embedding_dropout: float = EMBEDDING_DROPOUT,
+        masked_positions_only: bool = True,
+    ):
+        super().__init__()
+        self.embedder = embedder
+        self.encoder = encoder
+        self.embedding_dropout = nn.Dropout(embedding_dropout)
+        self.masked_positions_only = masked_positions_only
+        # The embedder's MLM head exists only so published checkpoints load; retrieval never uses it. Frozen, it needs
+        # no gradient and DDP no unused-parameter search (as in trainers/ict.py).
+        used = {id(p) for name, p in embedder.named_parameters() if not name.startswith("cls.predictions.")}
+        for parameter in embedder.cls.predictions.parameters():
+            if id(parameter) not in used:
+                parameter.requires_grad_(False)
+
+    def embed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """[N, L] -> dropout(projected_score) [N, P] with the current parameters (no stop-gradient)."""
+        output = self.embedder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return self.embedding_dropout(output.projected_score)
+
+    def forward(
+        self,
+        query_input_ids: torch.LongTensor,
+        query_attention_mask: torch.Tensor,
+        candidate_input_ids: torch.LongTensor,
+        candidate_token_type_ids: torch.LongTensor,
+        candidate_attention_mask: torch.Tensor,
+        joint_input_ids: torch.LongTensor,
+        joint_token_type_ids: torch.LongTensor,
+        joint_attention_mask: torch.Tensor,
+        labels: torch.LongTensor,
+        mlm_mask: torch.Tensor | None = None,
+        query_token_type_ids: torch.LongTensor | None = None,
+        **unused: Any,
+    ) -> RealmPretrainingOutput:
+        """Query [B, Lq], candidates [B, K, Ld], joint [B, K, Lj], labels / mlm_mask [B, Lj] -> RealmPretrainingOutput.
+
+        Extra batch keys (`candidate_block_ids`, `uid`, `index_version`, `stats`...) are accepted and ignored.
+        """
+        batch_size, num_candidates = candidate_input_ids.shape[:2]
+        if query_token_type_ids is None:
+            query_token_type_ids = torch.zeros_like(query_input_ids)
+        query_emb = self.embed(query_input_ids, query_attention_mask, query_token_type_ids)
+        candidate_emb = self.embed(
+            flatten_candidates(candidate_input_ids),
+            flatten_candidates(candidate_attention_mask),
+            flatten_candidates(candidate_token_type_ids),
+        ).view(batch_size, num_candidates, -1)
+        # Plain inner product over the K candidates only: no temperature, no scaling (Google §3.2).
+        relevance_score = torch.einsum("bp,bkp->bk", query_emb, candidate_emb)
+        candidate_log_prob = relevance_score.float().log_softmax(-1)
+
+        mask = labels != -100 if mlm_mask is None else mlm_mask.bool() & (labels != -100)
+        hidden = self.encoder.realm(
+            flatten_candidates(joint_input_ids),
+            attention_mask=flatten_candidates(joint_attention_mask),
+            token_type_ids=flatten_candidates(joint_token_type_ids),
+            return_dict=True,
+        ).last_hidden_state.view(batch_size, num_candidates, joint_input_ids.shape[-1], -1)
+        rows, positions = mask.nonzero(as_tuple=True)  # the N masked tokens
+        targets = labels[rows, positions]
+        if self.masked_positions_only:
+            logits = self.encoder.cls(hidden[rows, :, positions])  # [N, K, V]
+            token_log_prob = (
+                logits.float().log_softmax(-1).gather(-1, targets[:, None, None].expand(-1, num_candidates, 1))
+            )
+            token_log_prob = token_log_prob.squeeze(-1)
+        else:
+            logits = self.encoder.cls(hidden.flatten(0, 1))  # [B*K, Lj, V]
+            full = (
+                logits.float()
+                .log_softmax(-1)
+                .gather(-1, labels.clamp(min=0).repeat_interleave(num_candidates, 0)[..., None])
+            )
+            token_log_prob = full.view(batch_size, num_candidates, -1)[rows, :, positions]
+        marginal_log_prob = (candidate_log_prob[rows] + token_log_prob).logsumexp(-1)  # [N]
+        if self.masked_positions_only:
+            loss = -marginal_log_prob.mean()
+        else:
+            loss = RealmKnowledgeAugEncoder.marginal_mlm_loss(logits, relevance_score, labels, mask)
+        return RealmPretrainingOutput(
+            loss=loss,
+            relevance_score=relevance_score,
+            candidate_log_prob=candidate_log_prob,
+            token_log_prob=token_log_prob,
+            marginal_log_prob=marginal_log_prob,
+            **self._metrics(candidate_log_prob, token_log_prob, marginal_log_prob, rows),
+            query_emb=query_emb,
+            candidate_emb=candidate_emb,
+        )
+
+    @staticmethod
+    @torch.no_grad()
+    def _metrics(
+        candidate_log_prob: torch.Tensor,
+        token_log_prob: torch.Tensor,
+        marginal_log_prob: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """Google §3.6 retrieval_utility (index 0 is the null document), plus p(null|x) and the reader's log-prob of the
+        retriever's top candidate and of the best candidate in hindsight."""
+        batch_size, num_candidates = candidate_log_prob.shape
+        top = candidate_log_prob.argmax(-1)[rows]  # [N]
+        per_example = torch.zeros(batch_size, num_candidates, device=token_log_prob.device)
+        per_example.index_add_(0, rows, token_log_prob.float())
+        oracle = per_example.argmax(-1)[rows]
+        return {
+            "retrieval_utility": (marginal_log_prob - token_log_prob[:, 0]).mean(),
+            "null_doc_prob": candidate_log_prob[:, 0].exp().mean(),
+            "top_candidate_log_prob": token_log_prob.gather(1, top[:, None]).mean(),
+            "oracle_candidate_log_prob": token_log_prob.gather(1, oracle[:, None]).mean(),
+        }
+
+
+__all__ = [
+    "RealmPretrainingExamples",
+    "RealmPretrainingModel",
+    "RealmPretrainingOutput",
+    "joint_inputs",
+]
