@@ -18,6 +18,10 @@ JOBS = {
     ("world", None): ("openrealm.trainers.synthetic_world", "generate the synthetic world of fictional entities"),
     ("corpus", "build"): ("openrealm.tokenization.corpus", "build a knowledge corpus of blocks from JSONL articles"),
     ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)"),
+    ("train", "pretrain"): (
+        "openrealm.trainers.pretrain",
+        "REALM pre-training with a refreshed index (single process)",
+    ),
     ("index", "build"): ("openrealm.trainers.index_builder", "embed every block of a corpus and write a MIPS index"),
 }
 

@@ -1,0 +1,220 @@
+"""REALM pre-training job: the index refresh callback (sync / async in another process / off; Google §4) and the
+Trainer-based job end to end."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer
+
+from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder
+from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization.salient_spans import make_span_annotator
+from openrealm.tokenization.vocab import train_wordpiece_vocab
+from openrealm.trainers import pretrain
+from openrealm.trainers.index_builder import build_index, list_versions
+from openrealm.trainers.pretraining import RealmPretrainingExamples
+from openrealm.trainers.refresh import SNAPSHOTS_DIR, IndexRefreshCallback
+from openrealm.trainers.synthetic_world import generate_world
+
+TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16,"
+TINY += "max_position_embeddings=384"
+BUILD_TIMEOUT = 90  # seconds an async build may take (a builder process imports torch + transformers)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A small synthetic world (58 articles, one block each, dates as salient spans) with its own vocabulary."""
+    root = tmp_path_factory.mktemp("world")
+    world = generate_world(
+        seed=0, num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2
+    )
+    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=2000)
+    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
+    build_corpus(articles, root / "corpus", vocab, span_annotator=make_span_annotator("regex"))
+    return root / "corpus"
+
+
+def tiny_embedder(tokenizer) -> RealmEmbedder:
+    torch.manual_seed(0)
+    fields = dict(item.split("=") for item in TINY.split(","))
+    return RealmEmbedder(RealmConfig(vocab_size=len(tokenizer), **{k: int(v) for k, v in fields.items()}))
+
+
+def setup_refresh(corpus: Path, root: Path, mode: str, refresh_every: int = 2, **kwargs):
+    """(training embedder, examples over index v0, callback) with index v0 built from the embedder into root."""
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    embedder = tiny_embedder(tokenizer)
+    index = build_index(embedder, corpus, root, version=0, keep=3, progress=False)
+    examples = RealmPretrainingExamples(tokenizer, load_corpus(corpus), embedder, index)
+    callback = IndexRefreshCallback(examples, corpus, root, refresh_every, mode, **kwargs)
+    return embedder, examples, callback
+
+
+def perturb(embedder: RealmEmbedder, step: int) -> None:
+    """Stand-in for an optimiser step: the embedder changes every step, so snapshots of different steps differ."""
+    with torch.no_grad():
+        next(embedder.parameters()).add_(0.001 * (step + 1))
+
+
+class Steps:
+    """Drives the callback as Trainer does: on_step_begin(global_step = steps done), the step, on_step_end(+1)."""
+
+    def __init__(self, callback: IndexRefreshCallback, embedder: RealmEmbedder):
+        self.callback, self.embedder = callback, embedder
+        self.state = SimpleNamespace(global_step=0, log_history=[])
+        self.model = SimpleNamespace(embedder=embedder)
+        self.begin_seconds: list[float] = []
+        self.version_changed_at: list[tuple[str, int]] = []
+
+    def step(self, seconds: float = 0.0) -> None:
+        cb, state = self.callback, self.state
+        before = cb.index_version
+        started = time.perf_counter()
+        cb.on_step_begin(None, state, None)
+        self.begin_seconds.append(time.perf_counter() - started)
+        if cb.index_version != before:
+            self.version_changed_at.append(("begin", state.global_step))
+        time.sleep(seconds)
+        perturb(self.embedder, state.global_step)
+        state.global_step += 1
+        before = cb.index_version
+        cb.on_step_end(None, state, None, model=self.model)
+        if cb.index_version != before:
+            self.version_changed_at.append(("end", state.global_step))
+
+
+def weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_sync_refresh_swaps_every_n_steps_and_bumps_the_version(corpus, tmp_path):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "sync", refresh_every=2)
+    steps = Steps(callback, embedder)
+    for _ in range(5):
+        steps.step()
+    assert steps.version_changed_at == [("end", 2), ("end", 4)]
+    assert [(s["step"], s["version"], s["snapshot_step"]) for s in callback.swaps] == [(2, 1, 2), (4, 2, 4)]
+    assert examples.index.version == 2 and list_versions(tmp_path / "index") == [0, 1, 2]
+    # The query embedder is a frozen copy of the step-4 weights, not the (since changed) training embedder.
+    assert examples.query_embedder is not embedder and not examples.query_embedder.training
+    assert not weights_equal(examples.query_embedder, embedder)
+    assert callback.metrics(5)["index_staleness_steps"] == 1 and callback.metrics(5)["index_version"] == 2
+
+
+def test_sync_refresh_keeps_the_newest_three_versions(corpus, tmp_path):
+    embedder, _, callback = setup_refresh(corpus, tmp_path / "index", "sync", refresh_every=1)
+    steps = Steps(callback, embedder)
+    for _ in range(4):
+        steps.step()
+    assert list_versions(tmp_path / "index") == [2, 3, 4] and callback.builds_started == 4
+
+
+def test_off_mode_never_refreshes(corpus, tmp_path):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "off", refresh_every=1)
+    steps = Steps(callback, embedder)
+    for _ in range(5):
+        steps.step()
+    assert examples.index.version == 0 and list_versions(tmp_path / "index") == [0]
+    assert callback.builds_started == 0 and callback.metrics(5)["index_staleness_steps"] == 5
+
+
+def sleeping_builder(callback: IndexRefreshCallback, seconds: float):
+    """The default builder command behind a sleep: a build that takes at least `seconds`."""
+
+    def command(snapshot_dir, version):
+        return [
+            "sh",
+            "-c",
+            f'sleep {seconds}; exec "$@"',
+            "sh",
+            *callback.index_builder_command(snapshot_dir, version),
+        ]
+
+    return command
+
+
+def run_until_swap(steps: Steps, swaps: int = 1) -> None:
+    deadline = time.monotonic() + BUILD_TIMEOUT
+    while len(steps.callback.swaps) < swaps:
+        assert time.monotonic() < deadline, f"no swap after {BUILD_TIMEOUT}s: {steps.callback.failures}"
+        steps.step(0.05)
+
+
+def test_async_build_runs_in_another_process_without_blocking_the_steps(corpus, tmp_path):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2)
+    callback.builder_command = sleeping_builder(callback, 1.5)
+    steps = Steps(callback, embedder)
+    steps.step()
+    steps.step()  # step 2 ends: a snapshot is saved and the builder starts
+    builder = callback._build["process"]
+    assert builder.pid != os.getpid() and builder.poll() is None
+    assert (tmp_path / "index" / SNAPSHOTS_DIR / "step-2" / "config.json").is_file()
+    run_until_swap(steps)
+    swap = callback.swaps[0]
+    # The trainer went on stepping while the builder ran (>= 1.5 s of sleep at 0.05 s a step), never waiting for it.
+    assert swap["step"] - 2 >= 10 and max(steps.begin_seconds[:-1]) < 0.5
+    # The swap happened at a step boundary (on_step_begin), to version 1, from the step-2 snapshot.
+    assert steps.version_changed_at == [("begin", swap["step"])]
+    assert (swap["version"], swap["snapshot_step"], examples.index.version) == (1, 2, 1)
+    assert callback.metrics(swap["step"])["index_staleness_steps"] == swap["step"] - 2
+    # The query embedder of the new pair holds the step-2 weights: saved snapshot == query embedder.
+    saved = RealmEmbedder.from_pretrained(tmp_path / "index" / SNAPSHOTS_DIR / "step-2")
+    assert weights_equal(saved, examples.query_embedder)
+    callback.close()
+
+
+def test_failed_async_build_is_logged_keeps_the_old_index_and_is_retried(corpus, tmp_path, caplog):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2)
+    commands = []
+
+    def failing_once(snapshot_dir, version):
+        commands.append(version)
+        if len(commands) == 1:
+            return [sys.executable, "-c", "import sys; print('out of device memory', file=sys.stderr); sys.exit(3)"]
+        return callback.index_builder_command(snapshot_dir, version)
+
+    callback.builder_command = failing_once
+    steps = Steps(callback, embedder)
+    with caplog.at_level("ERROR", logger="openrealm.trainers.refresh"):
+        while callback.builds_failed == 0:
+            assert steps.state.global_step < 200
+            steps.step(0.02)
+    assert examples.index.version == 0 and "out of device memory" in callback.failures[0]["log_tail"]
+    assert "out of device memory" in caplog.text and callback.failures[0]["reason"] == "exit status 3"
+    steps.step()  # the next step end retries, from a fresh snapshot, the same version number
+    assert callback.builds_started == 2 and commands == [1, 1]
+    run_until_swap(steps)
+    assert examples.index.version == 1 and callback.metrics(steps.state.global_step)["index_builds_failed"] == 1
+    callback.close()
+
+
+def test_pretraining_job_logs_realm_metrics_and_saves_loadable_towers(corpus, tmp_path):
+    output = tmp_path / "out"
+    argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
+    argv += ["--max-steps", "4", "--refresh-every", "2", "--refresh-mode", "sync", "--batch-size", "4"]
+    argv += ["--logging-steps", "1", "--config-overrides", TINY, "--no-progress", "--index-batch-size", "32"]
+    assert pretrain.main(argv) == 0
+    summary = json.loads((output / "pretraining.json").read_text())
+    logs = [entry for entry in summary["log_history"] if "loss" in entry]
+    assert [entry["step"] for entry in logs] == [1, 2, 3, 4]
+    for name in ("retrieval_utility", "null_doc_prob", "num_trivial_retrieved", "index_staleness_seconds"):
+        assert all(name in entry for entry in logs), name
+    # Sync refreshes at steps 2 and 4: the index in use and its staleness as logged after each step.
+    assert [entry["index_version"] for entry in logs] == [0, 1, 1, 2]
+    assert [entry["index_staleness_steps"] for entry in logs] == [1, 0, 1, 0]
+    assert sum(entry["num_examples"] for entry in logs) > 0
+    assert list_versions(output / "index") == [0, 1, 2]
+    embedder = RealmEmbedder.from_pretrained(output / "embedder")
+    encoder = RealmKnowledgeAugEncoder.from_pretrained(output / "encoder")
+    assert embedder.config.hidden_size == 32 and encoder.config.retriever_proj_size == 16
+    assert (
+        AutoTokenizer.from_pretrained(output / "embedder").get_vocab()
+        == AutoTokenizer.from_pretrained(corpus).get_vocab()
+    )
