@@ -17,12 +17,24 @@ Logged with the loss: retrieval_utility, null_doc_prob, top/oracle candidate log
 counters (trivial retrievals, examples dropped for duplicate uids, queries skipped by the masker), the batches' index
 version and the refresh metrics (index_version, index_staleness_steps/seconds, refresh_stall_seconds, builds).
 
-OUTPUT at the end: `embedder/` (RealmEmbedder), `encoder/` (RealmKnowledgeAugEncoder), each with the tokenizer, the
-tokenizer at the top too, `pretraining.json` (settings and final metrics), and `index/` (the newest index versions).
+OUTPUT at the end: `embedder/` (RealmEmbedder), `encoder/` (RealmKnowledgeAugEncoder), `scorer/` (RealmScorer holding
+the embedder's weights), each with the tokenizer and a model card (README.md, `openrealm.hub_cards`), the tokenizer at
+the top too, `pretraining.json` (settings and final metrics), and `index/` (the newest index versions).
+
+Checkpoints (`--save-steps N`, the newest `--save-total-limit` kept): OUTPUT/checkpoint-STEP/ holds the Trainer's files
+(model.safetensors of the joint model, optimizer, scheduler, RNG, trainer_state.json) plus `embedder/`, `encoder/`,
+`scorer/`, `query_embedder/` (the frozen snapshot the index in use was built from), the tokenizer and
+`refresh_state.json` (index version in use, its snapshot step/time, index_root). A checkpoint is written into a hidden
+staging folder and renamed into place when complete, so a run killed mid-save leaves no `checkpoint-N` that
+`get_last_checkpoint` (what `--resume-from-checkpoint last` uses) would pick. The index versions a kept checkpoint uses
+are never pruned. `--resume-from-checkpoint [PATH|last]` restores the Trainer state and the (query embedder, index)
+pair of refresh_state.json before training continues.
+
+`--push-to-hub REPO` uploads embedder/, encoder/ and scorer/ to three repos REPO-embedder, REPO-encoder, REPO-scorer
+(each loadable with `from_pretrained(repo)`), with their model cards.
 
 Departures from Google's code: the DataLoader runs in the training process (dataloader_num_workers=0) because the
-collator's examples object is the one the refresh callback updates (Google runs separate example-generator servers);
-no intermediate checkpoints yet (a resumed run would also need the index state).
+collator's examples object is the one the refresh callback updates (Google runs separate example-generator servers).
 """
 
 from __future__ import annotations
@@ -34,12 +46,15 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
-from openrealm import RealmConfig, RealmKnowledgeAugEncoder
+from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
+from openrealm.hub_cards.model_card import realm_model_card
 from openrealm.tokenization.corpus import load_corpus
 from openrealm.tokenization.masking import STRATEGIES, SalientSpanCollator
 from openrealm.trainers.ict import google_warmup_steps, load_embedder, parse_config_overrides
@@ -59,6 +74,10 @@ from openrealm.trainers.refresh import MODES, IndexRefreshCallback, snapshot_emb
 LEARNING_RATE = 3e-5  # Google's --learning_rate default
 OUTPUT_METRICS = ("retrieval_utility", "null_doc_prob", "top_candidate_log_prob", "oracle_candidate_log_prob")
 BATCH_EXTRAS = ("uid", "stats", "index_version", "block_id", "candidate_block_ids", "num_skipped")
+REFRESH_STATE_NAME = "refresh_state.json"
+QUERY_EMBEDDER_DIR = "query_embedder"
+STAGING_PREFIX = ".staging-"
+TOWERS = ("embedder", "encoder", "scorer")
 
 
 class PretrainingCollator:
@@ -79,9 +98,16 @@ class RealmPretrainingTrainer(Trainer):
     """`Trainer` whose compute_loss drops the batch's bookkeeping keys and accumulates REALM's metrics, which `log`
     adds (averaged since the previous log) to the loss entry, with the refresh callback's metrics."""
 
-    def __init__(self, *args, refresh: IndexRefreshCallback | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        refresh: IndexRefreshCallback | None = None,
+        checkpoint_extras: Callable[[Path], None] | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.refresh = refresh
+        self.checkpoint_extras = checkpoint_extras  # writes the REALM folders into a checkpoint before it appears
         # The model returns a token-mean loss; it takes no num_items_in_batch.
         self.model_accepts_loss_kwargs = False
         self._sums: Counter = Counter()
@@ -105,6 +131,59 @@ class RealmPretrainingTrainer(Trainer):
         for name in OUTPUT_METRICS:
             self._sums[name] += float(getattr(outputs, name).detach())
         return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """The joint model as its two towers, output_dir/embedder/ and output_dir/encoder/ (save_pretrained keeps
+        their tied weights, which one safetensors file of the joint model cannot hold)."""
+        output_dir = Path(output_dir or self.args.output_dir)
+        model = self.accelerator.unwrap_model(self.model)
+        for name in ("embedder", "encoder"):
+            getattr(model, name).save_pretrained(output_dir / name)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """The towers' weights from checkpoint/embedder/ and checkpoint/encoder/ (what `_save` wrote)."""
+        model = self.accelerator.unwrap_model(model if model is not None else self.model)
+        for name, cls in (("embedder", RealmEmbedder), ("encoder", RealmKnowledgeAugEncoder)):
+            folder = Path(resume_from_checkpoint) / name
+            if not (folder / "config.json").is_file():
+                raise FileNotFoundError(f"{folder} holds no saved {cls.__name__} (config.json)")
+            getattr(model, name).load_state_dict(cls.from_pretrained(folder).state_dict())
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's checkpoint plus the REALM folders, written into OUTPUT/.staging-checkpoint-N-*/ and renamed
+        to OUTPUT/checkpoint-N once complete (the Trainer writes into the final name directly: a kill mid-save would
+        leave a checkpoint-N that get_last_checkpoint picks); then rotation, and pruning of unused index versions."""
+        run_dir = Path(self._get_output_dir(trial=trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{name}-", dir=run_dir))
+        output_dir, limit = self.args.output_dir, self.args.save_total_limit
+        try:
+            # Trainer saves into _get_output_dir(trial)/checkpoint-N: point it at the staging folder for this call
+            # (rotation is off there; it runs below on the real folder).
+            self.args.output_dir, self.args.save_total_limit = str(staging), None
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.output_dir, self.args.save_total_limit = output_dir, limit
+        try:
+            if self.args.should_save:
+                if self.checkpoint_extras is not None:
+                    self.checkpoint_extras(staging / name)
+                target = run_dir / name
+                if target.exists():  # a run resumed before this step: the newer state replaces it
+                    shutil.rmtree(target)
+                os.rename(staging / name, target)
+                rotate_checkpoints(
+                    output_dir=str(run_dir),
+                    save_total_limit=self.args.save_total_limit,
+                    best_model_checkpoint=self.state.best_model_checkpoint,
+                    use_mtime=False,
+                )
+                if self.refresh is not None:
+                    self.refresh.protected_versions = checkpoint_index_versions(run_dir)
+                    self.refresh.prune_versions()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
@@ -181,6 +260,102 @@ def initial_index(args: argparse.Namespace, embedder, index_root: Path):
     )
 
 
+def checkpoint_index_versions(run_dir: str | os.PathLike) -> set[int]:
+    """The index versions the complete checkpoints under run_dir resume with."""
+    versions = set()
+    for path in Path(run_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*/{REFRESH_STATE_NAME}"):
+        try:
+            versions.add(int(json.loads(path.read_text())["index_version"]))
+        except (OSError, ValueError, KeyError) as error:
+            raise ValueError(f"{path} is not a valid refresh state: {error}") from error
+    return versions
+
+
+def scorer_from_embedder(embedder: RealmEmbedder) -> RealmScorer:
+    """A RealmScorer (shared query / document tower) holding the embedder's weights."""
+    scorer = RealmScorer(embedder.config)
+    scorer.embedder.load_state_dict(embedder.state_dict())
+    return scorer
+
+
+def save_towers(model: RealmPretrainingModel, tokenizer, folder: Path, skip: tuple[str, ...] = ()) -> None:
+    """folder/embedder/, encoder/, scorer/ (but those in skip: saved already), each with the tokenizer."""
+    towers = {"embedder": model.embedder, "encoder": model.encoder, "scorer": None}
+    for name, tower in towers.items():
+        if name not in skip:
+            (tower or scorer_from_embedder(model.embedder)).save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    staging = path.with_name(f".{path.name}.tmp")
+    with open(staging, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staging, path)
+
+
+def checkpoint_extras(trainer: RealmPretrainingTrainer, tokenizer) -> Callable[[Path], None]:
+    """The writer of a checkpoint's REALM folders: towers, tokenizer, query embedder snapshot, refresh_state.json."""
+
+    def write(folder: Path) -> None:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        save_towers(model, tokenizer, folder, skip=("embedder", "encoder"))  # the Trainer's _save wrote them
+        tokenizer.save_pretrained(folder)
+        refresh = trainer.refresh
+        refresh.examples.query_embedder.save_pretrained(folder / QUERY_EMBEDDER_DIR)
+        write_json_atomic(
+            folder / REFRESH_STATE_NAME, {**refresh.checkpoint_state(), "step": trainer.state.global_step}
+        )
+
+    return write
+
+
+def resolve_checkpoint(value: str | None, output: str | os.PathLike) -> Path | None:
+    """`--resume-from-checkpoint`: None, "last" (the newest complete OUTPUT/checkpoint-N) or a folder."""
+    if value is None:
+        return None
+    if value == "last":
+        last = get_last_checkpoint(str(output)) if os.path.isdir(output) else None
+        if last is None:
+            raise FileNotFoundError(f"--resume-from-checkpoint last: {output} holds no checkpoint-N folder")
+        path = Path(last)
+    else:
+        path = Path(value)
+    if not (path / REFRESH_STATE_NAME).is_file():
+        raise FileNotFoundError(f"{path} is not a pre-training checkpoint (no {REFRESH_STATE_NAME})")
+    return path
+
+
+def checkpoint_index(checkpoint: Path):
+    """The index version a checkpoint's refresh_state.json records, loaded from its index_root."""
+    path = checkpoint / REFRESH_STATE_NAME
+    state = json.loads(path.read_text())
+    try:
+        return load_index(state["index_root"], state["index_version"])
+    except OSError as error:
+        raise FileNotFoundError(
+            f"{path} uses index version {state['index_version']} of {state['index_root']}, which cannot be loaded: "
+            f"{error}"
+        ) from error
+
+
+def restore_refresh_state(checkpoint: Path, refresh: IndexRefreshCallback, index=None) -> dict:
+    """Put the refresh callback and its examples back on the checkpoint's (query embedder, index version) pair;
+    index: that version when already loaded (default: loaded here). Returns the checkpoint's refresh state."""
+    state = json.loads((checkpoint / REFRESH_STATE_NAME).read_text())
+    index = checkpoint_index(checkpoint) if index is None else index
+    refresh.restore(state, RealmEmbedder.from_pretrained(checkpoint / QUERY_EMBEDDER_DIR), index)
+    return state
+
+
+def remove_stale_staging(output: str | os.PathLike) -> None:
+    """Delete the staging folders of checkpoints a killed run left half-written."""
+    for path in Path(output).glob(f"{STAGING_PREFIX}{PREFIX_CHECKPOINT_DIR}-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def build_trainer(args: argparse.Namespace, embedder, encoder, tokenizer, blocks, index) -> RealmPretrainingTrainer:
     """The Trainer with its collator, model and refresh callback (Google's optimiser, as trainers/ict.py)."""
     from transformers import TrainingArguments
@@ -212,7 +387,9 @@ def build_trainer(args: argparse.Namespace, embedder, encoder, tokenizer, blocks
         lr_scheduler_type="linear",
         warmup_steps=warmup,
         logging_steps=args.logging_steps,
-        save_strategy="no",
+        save_strategy="steps" if getattr(args, "save_steps", None) else "no",
+        save_steps=getattr(args, "save_steps", None) or 500,
+        save_total_limit=getattr(args, "save_total_limit", None),
         seed=args.seed,
         data_seed=args.seed,
         dataloader_drop_last=True,
@@ -226,7 +403,7 @@ def build_trainer(args: argparse.Namespace, embedder, encoder, tokenizer, blocks
         disable_tqdm=args.no_progress,
     )
     model = RealmPretrainingModel(embedder, encoder, embedding_dropout=args.embedding_dropout)
-    return RealmPretrainingTrainer(
+    trainer = RealmPretrainingTrainer(
         model=model,
         args=training_args,
         train_dataset=blocks,
@@ -234,29 +411,52 @@ def build_trainer(args: argparse.Namespace, embedder, encoder, tokenizer, blocks
         callbacks=[refresh],
         refresh=refresh,
     )
+    if args.index:  # version 0 in use lives in --index, not in index_root
+        refresh.index_in_use_root = Path(args.index).absolute()
+    trainer.checkpoint_extras = checkpoint_extras(trainer, tokenizer)
+    return trainer
 
 
 def save_models(model: RealmPretrainingModel, tokenizer, output: str | os.PathLike, summary: dict) -> None:
-    """OUTPUT/embedder/, OUTPUT/encoder/ (each with the tokenizer), the tokenizer and pretraining.json at the top; each
-    entry replaces its namesake by rename (index/ and other folders beside them are kept)."""
+    """OUTPUT/embedder/, OUTPUT/encoder/, OUTPUT/scorer/ (each with the tokenizer and its model card README.md), the
+    tokenizer and pretraining.json at the top; each entry replaces its namesake by rename (index/, checkpoints and
+    other folders beside them are kept)."""
     from openrealm.modeling_realm import move_into
 
     output = Path(output).absolute()
     output.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".pretrain-saving-", dir=output.parent))
     try:
-        for name, tower in (("embedder", model.embedder), ("encoder", model.encoder)):
-            tower.save_pretrained(staging / name)
-            tokenizer.save_pretrained(staging / name)
+        save_towers(model, tokenizer, staging)
+        for name in TOWERS:
+            realm_model_card(name, summary).save(staging / name / "README.md")
         tokenizer.save_pretrained(staging)
         (staging / "pretraining.json").write_text(json.dumps(summary, indent=2) + "\n")
-        for name in ("embedder", "encoder"):  # move_into moves files; whole folders are replaced here
+        for name in TOWERS:  # move_into moves files; whole folders are replaced here
             if (output / name).exists():
                 shutil.rmtree(output / name)
             os.rename(staging / name, output / name)
         move_into(str(staging), str(output))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def push_to_hub(output: str | os.PathLike, repo: str, api=None, private: bool = False) -> dict[str, str]:
+    """Upload OUTPUT/embedder, encoder and scorer (with their cards) to REPO-embedder, REPO-encoder, REPO-scorer;
+    returns {folder name: repo id}."""
+    from huggingface_hub import HfApi
+
+    api = api or HfApi()
+    pushed = {}
+    for name in TOWERS:
+        folder = Path(output) / name
+        if not (folder / "README.md").is_file():
+            raise FileNotFoundError(f"{folder} holds no saved model with its card (README.md)")
+        repo_id = f"{repo}-{name}"
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=f"Upload REALM {name}")
+        pushed[name] = repo_id
+    return pushed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -284,6 +484,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: none)")
+    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
+    parser.add_argument(
+        "--resume-from-checkpoint",
+        nargs="?",
+        const="last",
+        default=None,
+        metavar="PATH|last",
+        help="resume from a checkpoint folder, or the newest OUTPUT/checkpoint-N (last; the default value)",
+    )
+    parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="upload to REPO-{embedder,encoder,scorer}")
+    parser.add_argument("--hub-private", action="store_true", help="create the Hub repos private")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -296,9 +508,20 @@ def run(args: argparse.Namespace) -> int:
     embedder = load_embedder(args.embedder, tokenizer, overrides, args.seed)
     encoder = load_encoder(args.encoder, tokenizer, overrides, args.seed)
     check_models(embedder, encoder, tokenizer, args.embedder, args.encoder)
-    index = initial_index(args, embedder, Path(args.index_root or Path(args.output) / "index"))
+    remove_stale_staging(args.output)
+    checkpoint = resolve_checkpoint(getattr(args, "resume_from_checkpoint", None), args.output)
+    if checkpoint is None:
+        index = initial_index(args, embedder, Path(args.index_root or Path(args.output) / "index"))
+    else:
+        index = checkpoint_index(checkpoint)
     trainer = build_trainer(args, embedder, encoder, tokenizer, blocks, index)
-    result = trainer.train()
+    if checkpoint is not None:
+        state = restore_refresh_state(checkpoint, trainer.refresh, index)
+        trainer.refresh.protected_versions = checkpoint_index_versions(args.output)
+        print(
+            f"REALM pre-training: resuming from {checkpoint} (step {state['step']}, index v{state['index_version']})"
+        )
+    result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     final = trainer.pretraining_metrics()
     summary = {
         "corpus": str(args.corpus),
@@ -312,6 +535,8 @@ def run(args: argparse.Namespace) -> int:
         "num_candidates": args.num_candidates,
         "spans": args.spans,
         "seed": args.seed,
+        "num_blocks": len(blocks),
+        "resumed_from": str(checkpoint) if checkpoint is not None else None,
         "train_loss": result.training_loss,
         "index_swaps": trainer.refresh.swaps,
         "index_build_failures": len(trainer.refresh.failures),
@@ -319,7 +544,13 @@ def run(args: argparse.Namespace) -> int:
         "log_history": trainer.state.log_history,
     }
     save_models(trainer.accelerator.unwrap_model(trainer.model), tokenizer, args.output, summary)
-    print(f"REALM pre-training: saved embedder/ and encoder/ to {args.output} (train loss {result.training_loss:.4f})")
+    print(
+        f"REALM pre-training: saved embedder/, encoder/ and scorer/ to {args.output} "
+        f"(train loss {result.training_loss:.4f})"
+    )
+    if getattr(args, "push_to_hub", None):
+        pushed = push_to_hub(args.output, args.push_to_hub, private=args.hub_private)
+        print("REALM pre-training: pushed " + ", ".join(f"{k} -> {v}" for k, v in pushed.items()))
     return 0
 
 

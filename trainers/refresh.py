@@ -17,7 +17,12 @@ Logged (merged into the Trainer's log entries by `on_log`, and returned by `metr
 `index_staleness_steps` (steps since the snapshot behind the index in use was taken), `index_staleness_seconds`,
 `refresh_stall_seconds` (time the trainer spent in the last swap: for sync the whole build), `index_builds_started`,
 `index_builds_failed`. Each swap is also recorded in `self.swaps` (step, version, snapshot step, stall). The newest
-`keep` (3, as Google's refresher) versions are kept on disk, and the snapshots behind them.
+`keep` (3, as Google's refresher) versions are kept on disk, and the snapshots behind them, plus the version in use and
+those in `protected_versions` (the versions that kept training checkpoints resume with); the callback prunes after each
+swap (builds themselves prune nothing, so a protected version is never deleted by a builder).
+
+Checkpoints: `checkpoint_state()` is what a training checkpoint records (index version in use, its snapshot step and
+time, index_root, counters; JSON-safe) and `restore(state, query_embedder, index)` puts a run back on that pair.
 
 This callback runs in one training process. Under multi-process training the processes must agree on when to swap
 (every rank's examples need the same index version); that coordination comes with the multi-process pre-training work.
@@ -122,6 +127,8 @@ class IndexRefreshCallback(TrainerCallback):
         self.stall_seconds = 0.0
         self.swaps: list[dict] = []
         self.failures: list[dict] = []
+        self.protected_versions: set[int] = set()  # index versions pruning must keep (used by kept checkpoints)
+        self.index_in_use_root = self.index_root  # the root of the index in use (set it when that came from elsewhere)
         self._build: dict | None = None  # the running async build: process, version, snapshot, log, step, time
 
     # -- state ---------------------------------------------------------------------------------------------------------
@@ -193,11 +200,12 @@ class IndexRefreshCallback(TrainerCallback):
             self.corpus_dir,
             self.index_root,
             version=version,
-            keep=self.keep,
+            keep=None,  # pruned by the callback, which knows the protected versions
             progress=False,
             **self.build_kwargs,
         )
         self._swap(snapshot, index, global_step, global_step, snapshot_time, started)
+        self.prune_versions()
 
     # -- async ---------------------------------------------------------------------------------------------------------
 
@@ -215,8 +223,6 @@ class IndexRefreshCallback(TrainerCallback):
             str(self.index_root),
             "--version",
             str(version),
-            "--keep",
-            str(self.keep),
             "--device",
             self.builder_device,
             "--quiet",
@@ -275,6 +281,7 @@ class IndexRefreshCallback(TrainerCallback):
             self._fail(build, global_step, f"cannot load {version_dir}: {error}")
             return False
         self._swap(build["snapshot"], index, global_step, build["step"], build["time"], started)
+        self.prune_versions()
         self._prune_snapshots()
         return True
 
@@ -317,6 +324,7 @@ class IndexRefreshCallback(TrainerCallback):
     def _swap(self, snapshot, index, global_step: int, snapshot_step: int, snapshot_time: float, started: float):
         """Hand the consistent pair (snapshot, index) to the examples; record the stall and the staleness origin."""
         self.examples.update_index(snapshot, index)
+        self.index_in_use_root = self.index_root
         self.stall_seconds = time.perf_counter() - started
         self.snapshot_step, self.snapshot_time = snapshot_step, snapshot_time
         self.swaps.append(
@@ -334,6 +342,52 @@ class IndexRefreshCallback(TrainerCallback):
             snapshot_step,
             self.stall_seconds,
         )
+
+    def prune_versions(self) -> list[int]:
+        """Delete the versions under index_root other than the newest `keep`, the one in use and the protected ones;
+        returns the deleted versions."""
+        keep = set(self.protected_versions)
+        if self.index_in_use_root == self.index_root:
+            keep.add(self.index_version)
+        if self._build is not None:
+            keep.add(self._build["version"])
+        versions = list_versions(self.index_root)
+        deleted = [v for v in versions[: -self.keep] if v not in keep] if self.keep else []
+        for version in deleted:
+            shutil.rmtree(self.index_root / version_dir_name(version), ignore_errors=True)
+        return deleted
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------------
+
+    def checkpoint_state(self) -> dict:
+        """What a training checkpoint records to resume on the same (query embedder, index) pair (JSON-safe)."""
+        return {
+            "index_version": self.index_version,
+            "index_root": str(self.index_in_use_root),
+            "snapshot_step": self.snapshot_step,
+            "snapshot_time": self.snapshot_time,
+            # A build running now is lost on resume: it is due again from the snapshot in use.
+            "last_build_step": self.snapshot_step if self._build is not None else self.last_build_step,
+            "mode": self.mode,
+            "refresh_every": self.refresh_every,
+            "builds_started": self.builds_started,
+            "builds_failed": self.builds_failed,
+        }
+
+    def restore(self, state: dict, query_embedder: torch.nn.Module, index) -> None:
+        """Resume on a checkpoint's pair: `index` (version state["index_version"]) and the snapshot embedder it was
+        built with; the staleness origin and counters come back as recorded (a build running then is not resumed:
+        the next step end starts one when it is due)."""
+        if index.version != state["index_version"]:
+            raise ValueError(f"the checkpoint used index version {state['index_version']}, got {index.version}")
+        query_embedder.eval()
+        query_embedder.requires_grad_(False)
+        self.examples.update_index(query_embedder, index)
+        self.index_in_use_root = Path(state.get("index_root") or self.index_root).absolute()
+        self.snapshot_step, self.snapshot_time = state["snapshot_step"], state["snapshot_time"]
+        self.last_build_step = state.get("last_build_step", state["snapshot_step"])
+        self.builds_started = state.get("builds_started", 0)
+        self.builds_failed = state.get("builds_failed", 0)
 
     def _prune_snapshots(self) -> None:
         """Keep the snapshot folders of the versions kept on disk (the newest `keep` builds), drop older ones."""
