@@ -15,7 +15,9 @@ index) of a `RealmPretrainingExamples` up to date with the training embedder:
 
 Logged (merged into the Trainer's log entries by `on_log`, and returned by `metrics(step)`): `index_version`,
 `index_staleness_steps` (steps since the snapshot behind the index in use was taken), `index_staleness_seconds`,
-`refresh_stall_seconds` (time the trainer spent in the last swap: for sync the whole build), `index_builds_started`,
+`refresh_stall_seconds` (time the trainer spent in the last swap and pruning: for sync the whole build),
+`refresh_build_start_seconds` (time the last async build start took on its step: snapshot copy, save, process start),
+`index_builds_started`,
 `index_builds_failed`. Each swap is also recorded in `self.swaps` (step, version, snapshot step, stall). The newest
 `keep` (3, as Google's refresher) versions are kept on disk, and the snapshots behind them, plus the version in use and
 those in `protected_versions` (the versions that kept training checkpoints resume with); the callback prunes after each
@@ -125,6 +127,7 @@ class IndexRefreshCallback(TrainerCallback):
         self.builds_started = 0
         self.builds_failed = 0
         self.stall_seconds = 0.0
+        self.build_start_seconds = 0.0  # time the last async build start took from its training step
         self.swaps: list[dict] = []
         self.failures: list[dict] = []
         self.protected_versions: set[int] = set()  # index versions pruning must keep (used by kept checkpoints)
@@ -148,6 +151,7 @@ class IndexRefreshCallback(TrainerCallback):
             "index_staleness_steps": global_step - self.snapshot_step,
             "index_staleness_seconds": round(time.time() - self.snapshot_time, 3),
             "refresh_stall_seconds": round(self.stall_seconds, 4),
+            "refresh_build_start_seconds": round(self.build_start_seconds, 4),
             "index_builds_started": self.builds_started,
             "index_builds_failed": self.builds_failed,
         }
@@ -234,7 +238,10 @@ class IndexRefreshCallback(TrainerCallback):
         return command
 
     def start_build(self, embedder: torch.nn.Module, global_step: int) -> None:
-        """Save a snapshot of the embedder and start a builder process for the next version (does not wait)."""
+        """Save a snapshot of the embedder and start a builder process for the next version (does not wait).
+
+        The snapshot copy and save happen on the training step (logged as refresh_build_start_seconds)."""
+        start_started = time.perf_counter()
         snapshot = snapshot_embedder(embedder, self.device)
         snapshot_time = time.time()
         snapshot_dir = self.index_root / SNAPSHOTS_DIR / f"step-{global_step}"
@@ -250,6 +257,7 @@ class IndexRefreshCallback(TrainerCallback):
             )
         self.builds_started += 1
         self.last_build_step = global_step
+        self.build_start_seconds = time.perf_counter() - start_started
         self._build = {
             "process": process,
             "version": version,
@@ -283,6 +291,9 @@ class IndexRefreshCallback(TrainerCallback):
         self._swap(build["snapshot"], index, global_step, build["step"], build["time"], started)
         self.prune_versions()
         self._prune_snapshots()
+        # The pruning also happens on the step boundary: count it in the stall.
+        self.stall_seconds = time.perf_counter() - started
+        self.swaps[-1]["stall_seconds"] = self.stall_seconds
         return True
 
     def close(self) -> None:
