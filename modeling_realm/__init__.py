@@ -23,6 +23,7 @@ from .configuration_realm import RealmConfig
 from .convert_realm import convert_legacy_folder
 from .index_realm import RealmBlockIndex
 from .modeling_realm import (
+    REALM_MODEL_CLASSES,
     RealmEmbedder,
     RealmEmbedderOutput,
     RealmForOpenQA,
@@ -39,8 +40,6 @@ from .retrieval_realm import RealmRetriever
 from .tokenization import RealmTokenizer, RealmTokenizerFast
 
 __version__ = "0.1.0"
-
-REALM_MODEL_CLASSES = (RealmEmbedder, RealmScorer, RealmKnowledgeAugEncoder, RealmReader, RealmForOpenQA)
 
 
 def register_with_transformers() -> None:

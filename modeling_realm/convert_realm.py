@@ -14,17 +14,9 @@ from transformers import AutoTokenizer
 from .configuration_realm import RealmConfig
 from .file_utils import atomic_directory
 from .index_realm import RealmBlockIndex
-from .modeling_realm import (
-    RealmEmbedder,
-    RealmForOpenQA,
-    RealmKnowledgeAugEncoder,
-    RealmReader,
-    RealmScorer,
-)
+from .modeling_realm import REALM_MODEL_CLASSES
 
-MODEL_CLASSES = {
-    cls.__name__: cls for cls in (RealmEmbedder, RealmScorer, RealmKnowledgeAugEncoder, RealmReader, RealmForOpenQA)
-}
+MODEL_CLASSES = {cls.__name__: cls for cls in REALM_MODEL_CLASSES}
 
 
 def convert_legacy_folder(

@@ -884,7 +884,11 @@ def stack_reader_outputs(outputs: list[RealmReaderOutput]) -> RealmReaderOutput:
     return stacked
 
 
+# The five architectures of the published checkpoints (config.architectures names one of them).
+REALM_MODEL_CLASSES = (RealmEmbedder, RealmScorer, RealmKnowledgeAugEncoder, RealmReader, RealmForOpenQA)
+
 __all__ = [
+    "REALM_MODEL_CLASSES",
     "RealmEmbedder",
     "RealmEmbedderOutput",
     "RealmForOpenQA",
