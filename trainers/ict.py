@@ -238,6 +238,16 @@ class IctOutput(ModelOutput):
     correct: torch.FloatTensor | None = None
 
 
+def freeze_unused_mlm_head(embedder: RealmEmbedder) -> None:
+    """Freeze the MLM head inside a RealmEmbedder: it exists only so published checkpoints load and takes no part in
+    retrieval. Frozen, it needs no gradient and DDP needs no unused-parameter search. Parameters the head shares with
+    the encoder (none in the published layout) stay trainable."""
+    used = {id(p) for name, p in embedder.named_parameters() if not name.startswith("cls.predictions.")}
+    for parameter in embedder.cls.predictions.parameters():
+        if id(parameter) not in used:
+            parameter.requires_grad_(False)
+
+
 class IctModel(RealmPreTrainedModel):
     """One `RealmEmbedder` for queries and blocks, trained with the in-batch softmax loss of ICT.
 
@@ -253,12 +263,7 @@ class IctModel(RealmPreTrainedModel):
         super().__init__(config)
         self.embedder = embedder if embedder is not None else RealmEmbedder(config)
         self.embedding_dropout = nn.Dropout(embedding_dropout)
-        # The MLM head inside RealmEmbedder exists only so published checkpoints load; it takes no part in retrieval.
-        # Frozen, it needs no gradient and DDP needs no unused-parameter search.
-        used = {id(p) for name, p in self.embedder.named_parameters() if not name.startswith("cls.predictions.")}
-        for parameter in self.embedder.cls.predictions.parameters():
-            if id(parameter) not in used:
-                parameter.requires_grad_(False)
+        freeze_unused_mlm_head(self.embedder)
         self.post_init()
 
     def embed(

@@ -34,6 +34,7 @@ from transformers.utils import ModelOutput
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmKnowledgeAugEncoder
 from openrealm.modeling_realm import flatten_candidates
 from openrealm.tokenization.corpus import block_retriever_inputs
+from openrealm.trainers.ict import freeze_unused_mlm_head
 
 # Google's local_launcher.sh / model.py defaults (spec §2.3, §3.1).
 NUM_CANDIDATES = 8
@@ -276,12 +277,7 @@ class RealmPretrainingModel(nn.Module):
         self.encoder = encoder
         self.embedding_dropout = nn.Dropout(embedding_dropout)
         self.masked_positions_only = masked_positions_only
-        # The embedder's MLM head exists only so published checkpoints load; retrieval never uses it. Frozen, it needs
-        # no gradient and DDP no unused-parameter search (as in trainers/ict.py).
-        used = {id(p) for name, p in embedder.named_parameters() if not name.startswith("cls.predictions.")}
-        for parameter in embedder.cls.predictions.parameters():
-            if id(parameter) not in used:
-                parameter.requires_grad_(False)
+        freeze_unused_mlm_head(embedder)
 
     def embed(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
