@@ -60,8 +60,9 @@ class RealmScorerOutput(ModelOutput):
 @dataclass
 class RealmReaderOutput(ModelOutput):
     """
-    For one question: `loss` = `retriever_loss` + `reader_loss` (scalars); `retriever_correct` [S];
-    `reader_correct` [R, num_spans]; `block_idx` (0-d, index inside the R blocks read), `candidate` (0-d span index),
+    For one question: `loss` = `retriever_loss` + `reader_loss` (+ `passage_loss` with gold passages) (scalars);
+    `retriever_correct` [S]; `reader_correct` [R, num_spans]; `block_idx` (0-d, index inside the R blocks read),
+    `candidate` (0-d span index),
     `start_pos` / `end_pos` [1] (token positions in the reader input); `reader_logits` [R, num_spans] on request
     (spans listed width-major, see `span_candidates`). For a batch of questions every field gains a
     leading batch axis and `loss` is the mean over questions.
@@ -80,6 +81,9 @@ class RealmReaderOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
     # Only with output_reader_logits=True: span logits + retrieval logit [R, num_spans] (spans listed width-major).
     reader_logits: torch.FloatTensor | None = None
+    # Only with gold passages (REALM++ passage supervision): its loss (included in `loss`) and the gold blocks [S].
+    passage_loss: torch.FloatTensor | None = None
+    passage_correct: torch.BoolTensor | None = None
 
 
 @dataclass
@@ -90,8 +94,10 @@ class RealmForOpenQAOutput(ModelOutput):
     Provenance: `retrieved_block_ids` [B, S] and `retrieved_logits` [B, S] (q · block embedding, sorted);
     `predicted_block_ids` [B]: the corpus id of the block each answer was read from.
     `reader_input_ids` [B, R, L]: what the reader read (to map the span back to text).
+    `loss`: reader_output.loss (what the Trainer optimises), when answers or gold passages were given.
     """
 
+    loss: torch.FloatTensor | None = None
     reader_output: RealmReaderOutput | None = None
     predicted_answer_ids: torch.LongTensor | list[torch.LongTensor] | None = None
     retrieved_block_ids: torch.LongTensor | None = None
@@ -771,12 +777,27 @@ class RealmForOpenQA(RealmPreTrainedModel):
         reader_beam_size: int | None = None,
         searcher_beam_size: int | None = None,
         output_reader_logits: bool = False,
+        retrieved_block_ids: torch.LongTensor | None = None,
+        answer_patterns: list | None = None,
+        gold_block_ids: list | torch.Tensor | None = None,
+        gold_passages: list | None = None,
+        min_passage_overlap: float = 0.5,
     ) -> RealmForOpenQAOutput | tuple:
         """input_ids [B, Lq] questions; answer_ids: for one question a list of answers (each a list of wordpiece ids,
         no special tokens) or a tensor [A, len] padded with -1; for B questions a list of B such lists (or [B, A, len]).
 
         reader_beam_size / searcher_beam_size override the config for this call (e.g. read 100 blocks at inference,
-        as REALM++ does). Returns the answer, losses when answers are given, and provenance.
+        as REALM++ does). retrieved_block_ids [B, S]: read and score these blocks instead of searching the index
+        (e.g. BM25's); their logits are still q · the index's block embeddings, and the first R of them are read.
+        Both beams are capped at the corpus size.
+
+        answer_patterns: per question a list of regular expressions (or None): regex distant supervision, e.g. for
+        CuratedTrec, alone or beside answer_ids (see RealmRetriever.build_reader_inputs).
+        gold_block_ids (per question a list of block ids, or [B, G] padded with -1) and gold_passages (per question
+        the gold passage text, or None): REALM++ passage supervision. The retrieved blocks that are gold (the id, or
+        >= min_passage_overlap of the passage's words in the block) add -log sum_{gold} p(block | question) over the S
+        retrieved blocks to the loss; zero for a question with no gold block retrieved.
+        Returns the answer, losses when answers are given, and provenance.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         retriever = self._require_retriever()
@@ -785,11 +806,18 @@ class RealmForOpenQA(RealmPreTrainedModel):
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
         batch_size = input_ids.shape[0]
-        num_read = reader_beam_size or self.config.reader_beam_size
+        num_blocks = retriever.index.num_blocks
+        num_read = min(reader_beam_size or self.config.reader_beam_size, num_blocks)
+        if retrieved_block_ids is not None:
+            retrieved_block_ids = check_retrieved_block_ids(retrieved_block_ids, batch_size, num_blocks)
+            num_read = min(num_read, retrieved_block_ids.shape[1])
         if searcher_beam_size is None:
             searcher_beam_size = self.config.searcher_beam_size if self.training else num_read
-        num_retrieved = max(searcher_beam_size, num_read)
+        num_retrieved = min(max(searcher_beam_size, num_read), num_blocks)
         answers = normalize_answer_ids(answer_ids, batch_size)
+        gold_block_ids = normalize_gold_block_ids(gold_block_ids, batch_size)
+        if gold_passages is not None and len(gold_passages) != batch_size:
+            raise ValueError(f"gold_passages must hold one passage text (or None) per question ({batch_size}).")
 
         # [B, P]
         question_projection = self.embedder(
@@ -797,14 +825,24 @@ class RealmForOpenQA(RealmPreTrainedModel):
         ).projected_score
         # The index only chooses the blocks; their logits are recomputed from the current question embedding so the
         # retriever loss reaches the query tower (document embeddings stay frozen, as in ORQA).
-        _, retrieved_block_ids = retriever.search(question_projection.detach(), num_retrieved)
+        if retrieved_block_ids is None:
+            _, retrieved_block_ids = retriever.search(question_projection.detach(), num_retrieved)
         retrieved_block_emb = retriever.index.embeddings(retrieved_block_ids).to(question_projection)
         retrieved_logits = torch.einsum("bd,bsd->bs", question_projection, retrieved_block_emb)
 
         question_ids = retriever.question_token_ids(input_ids, attention_mask)
         reader_inputs = retriever.build_reader_inputs(
-            question_ids, retrieved_block_ids, answers, max_length=self.config.reader_seq_len
+            question_ids,
+            retrieved_block_ids,
+            answers,
+            max_length=self.config.reader_seq_len,
+            answer_patterns=answer_patterns,
         )
+        passage_supervised = gold_block_ids is not None or gold_passages is not None
+        if passage_supervised:
+            passage_correct = retriever.gold_passage_mask(
+                retrieved_block_ids, gold_block_ids, gold_passages, min_overlap=min_passage_overlap
+            )
         device = self.reader.device
         read_ids = reader_inputs["input_ids"][:, :num_read].to(device)
         seq_len = read_ids.shape[-1]
@@ -818,7 +856,7 @@ class RealmForOpenQA(RealmPreTrainedModel):
         per_question = []
         for b in range(batch_size):
             labels = {}
-            if answers is not None:
+            if "has_answers" in reader_inputs:
                 labels = {
                     "has_answers": reader_inputs["has_answers"][b].to(device),
                     "start_positions": reader_inputs["start_positions"][b].to(device),
@@ -833,6 +871,9 @@ class RealmForOpenQA(RealmPreTrainedModel):
                     output_reader_logits=output_reader_logits,
                 )
             )
+        if passage_supervised:
+            for b, out in enumerate(per_question):
+                add_passage_loss(out, retrieved_logits[b].to(device), passage_correct[b].to(device))
         answer_spans = [
             read_ids[b, out.block_idx, out.start_pos.item() : out.end_pos.item() + 1]
             for b, out in enumerate(per_question)
@@ -849,6 +890,7 @@ class RealmForOpenQA(RealmPreTrainedModel):
             reader_output, predicted_answer_ids = stack_reader_outputs(per_question), answer_spans
 
         output = RealmForOpenQAOutput(
+            loss=reader_output.loss,
             reader_output=reader_output,
             predicted_answer_ids=predicted_answer_ids,
             retrieved_block_ids=retrieved_block_ids,
@@ -860,6 +902,45 @@ class RealmForOpenQA(RealmPreTrainedModel):
             # The 4.x tuple: (reader_output, predicted_answer_ids).
             return reader_output, predicted_answer_ids
         return output
+
+
+def add_passage_loss(output: RealmReaderOutput, retrieved_logits: torch.Tensor, passage_correct: torch.Tensor) -> None:
+    """REALM++: -log sum_{gold} p(block | question) over the retrieved blocks [S], zeroed without a gold block;
+    added to the question's loss."""
+    passage_loss = marginal_log_loss(retrieved_logits.float(), passage_correct) * passage_correct.any().float()
+    output.passage_loss = passage_loss
+    output.passage_correct = passage_correct
+    output.loss = passage_loss if output.loss is None else output.loss + passage_loss
+
+
+def normalize_gold_block_ids(gold_block_ids, batch_size: int) -> list[list[int]] | None:
+    """Per question a list of gold block ids, from lists or a tensor [B, G] padded with -1."""
+    if gold_block_ids is None:
+        return None
+    if isinstance(gold_block_ids, torch.Tensor):
+        gold_block_ids = gold_block_ids.reshape(batch_size, -1).tolist()
+    if len(gold_block_ids) != batch_size:
+        raise ValueError(f"gold_block_ids must hold one list of block ids per question ({batch_size}).")
+    return [[int(i) for i in (ids or []) if int(i) >= 0] for ids in gold_block_ids]
+
+
+def check_retrieved_block_ids(block_ids, batch_size: int, num_blocks: int) -> torch.LongTensor:
+    """Given block ids as a LongTensor [B, S] (a 1-D row is one question's); errors name what is wrong."""
+    block_ids = torch.as_tensor(block_ids)
+    if block_ids.dim() == 1:
+        block_ids = block_ids.unsqueeze(0)
+    if block_ids.dim() != 2 or block_ids.shape[0] != batch_size or block_ids.shape[1] == 0:
+        raise ValueError(
+            f"retrieved_block_ids must be [num_questions={batch_size}, S >= 1], got shape {tuple(block_ids.shape)}."
+        )
+    if block_ids.dtype.is_floating_point or block_ids.dtype == torch.bool:
+        raise ValueError(f"retrieved_block_ids must hold integer block ids, got {block_ids.dtype}.")
+    if block_ids.min() < 0 or block_ids.max() >= num_blocks:
+        raise ValueError(
+            f"retrieved_block_ids must lie in [0, {num_blocks}) (the corpus has {num_blocks} blocks), got ids "
+            f"from {block_ids.min().item()} to {block_ids.max().item()}."
+        )
+    return block_ids.long()
 
 
 def stack_reader_outputs(outputs: list[RealmReaderOutput]) -> RealmReaderOutput:
@@ -875,6 +956,8 @@ def stack_reader_outputs(outputs: list[RealmReaderOutput]) -> RealmReaderOutput:
         "start_pos",
         "end_pos",
         "reader_logits",
+        "passage_loss",
+        "passage_correct",
     ):
         values = [getattr(out, field) for out in outputs]
         if values[0] is not None:

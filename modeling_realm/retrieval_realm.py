@@ -11,6 +11,7 @@ the block embeddings as the `block_emb` weight of the model checkpoint; both are
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Sequence
@@ -98,7 +99,8 @@ def normalize_answer_ids(answer_ids, batch_size: int) -> list[list[list[int]]] |
         if isinstance(value, (torch.Tensor, np.ndarray)):
             return value.ndim
         if isinstance(value, (list, tuple)):
-            return 1 + (depth(value[0]) if len(value) else 1)
+            # The deepest element: a question without answers ([]) sits beside questions with some.
+            return 1 + max((depth(item) for item in value), default=1)
         return 0
 
     if depth(answer_ids) == 2 and batch_size == 1:
@@ -121,6 +123,78 @@ def find_answer_spans(block_ids: list[int], offset: int, answers: list[list[int]
                 starts.append(offset + idx)
                 ends.append(offset + idx + width - 1)
     return starts, ends
+
+
+def compile_answer_patterns(
+    answer_patterns: Sequence[Sequence[str] | str | None] | None, batch_size: int
+) -> list[list[re.Pattern]] | None:
+    """Per question, its answer regexes compiled as ORQA's CuratedTrec scorer does (IGNORECASE | UNICODE |
+    MULTILINE); a question may have None. An invalid pattern is an error naming it."""
+    if answer_patterns is None:
+        return None
+    if isinstance(answer_patterns, str) or len(answer_patterns) != batch_size:
+        raise ValueError(f"answer_patterns must hold one list of regular expressions per question ({batch_size}).")
+    compiled = []
+    for b, patterns in enumerate(answer_patterns):
+        patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
+        question_patterns = []
+        for pattern in patterns:
+            try:
+                question_patterns.append(re.compile(pattern, flags=re.IGNORECASE | re.UNICODE | re.MULTILINE))
+            except re.error as error:
+                raise ValueError(
+                    f"answer pattern {pattern!r} of question {b} is not a valid regular expression: {error}"
+                ) from error
+        compiled.append(question_patterns)
+    return compiled
+
+
+def find_pattern_spans(
+    text: str, offsets: Sequence[tuple[int, int]], offset: int, patterns: Sequence[re.Pattern]
+) -> tuple[list[int], list[int]]:
+    """Regex distant supervision: wordpiece spans of `text` matched by any of `patterns` (re.finditer).
+
+    offsets: (char start, end) of each wordpiece of the (possibly truncated) block. A match, stripped of surrounding
+    whitespace, counts when it neither starts nor ends inside a word and both ends fall on wordpiece boundaries
+    (a match cut by the truncation is dropped). Positions are shifted by offset, end inclusive.
+    """
+    token_at_start, token_at_end = {}, {}
+    for position, (start, end) in enumerate(offsets):
+        token_at_start.setdefault(start, position)
+        token_at_end[end] = position
+    starts, ends = [], []
+    for pattern in patterns:
+        for match in pattern.finditer(text):
+            start, end = match.span()
+            while start < end and text[start].isspace():
+                start += 1
+            while end > start and text[end - 1].isspace():
+                end -= 1
+            inside_word = (start > 0 and is_word_char(text[start - 1]) and is_word_char(text[start])) or (
+                end < len(text) and is_word_char(text[end - 1]) and is_word_char(text[end])
+            )
+            if start == end or inside_word or start not in token_at_start or end not in token_at_end:
+                continue
+            first, last = token_at_start[start], token_at_end[end]
+            if first <= last:
+                starts.append(offset + first)
+                ends.append(offset + last)
+    return starts, ends
+
+
+def is_word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def passage_words(text: str) -> set[str]:
+    """The distinct lower-cased words of a text (runs of letters, digits and underscores)."""
+    return set(re.findall(r"\w+", text.lower()))
+
+
+def word_overlap(passage: str, block: str) -> float:
+    """The fraction of the passage's distinct words that occur in the block (0 for a passage without words)."""
+    words = passage_words(passage)
+    return len(words & passage_words(block)) / len(words) if words else 0.0
 
 
 class RealmRetriever:
@@ -208,20 +282,28 @@ class RealmRetriever:
         block_ids: torch.Tensor,
         answer_ids: list[list[list[int]]] | None = None,
         max_length: int | None = None,
+        answer_patterns: Sequence[Sequence[str] | str | None] | None = None,
     ) -> dict[str, torch.Tensor]:
         """`[CLS] question [SEP] block [SEP]` for each question and each of its retrieved blocks.
 
-        question_ids: B lists of wordpieces; block_ids [B, S]; answer_ids: per question a list of answers.
+        question_ids: B lists of wordpieces; block_ids [B, S]; answer_ids: per question a list of answers (wordpiece
+        ids, matched exactly); answer_patterns: per question a list of regular expressions (CuratedTrec), matched
+        case-insensitively in the block text; a match counts when it starts and ends on word boundaries that are also
+        wordpiece boundaries (see `find_pattern_spans`). A question may have both, or None for either.
         Returns input_ids, attention_mask, token_type_ids, block_mask [B, S, L] (L = longest row; block_mask is True
-        on block wordpieces only), and with answers has_answers [B, S] and start_positions / end_positions [B, S, A]
-        (inclusive, padded with -1). The question is kept whole and the block is cut to fit max_length, as in ORQA;
-        a question longer than half of max_length is truncated with a warning.
+        on block wordpieces only), and with answers or patterns has_answers [B, S] and start_positions / end_positions
+        [B, S, A] (inclusive, padded with -1). The question is kept whole and the block is cut to fit max_length, as in
+        ORQA; a question longer than half of max_length is truncated with a warning.
         """
         cls_id, sep_id, pad_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id
         max_length = max_length or self.tokenizer.model_max_length
         block_ids = torch.as_tensor(block_ids).reshape(len(question_ids), -1)
-        block_tokens = self.block_token_ids(block_ids.reshape(-1).tolist())
+        patterns = compile_answer_patterns(answer_patterns, len(question_ids))
+        texts = self.block_records.texts(block_ids.reshape(-1).tolist())
+        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=patterns is not None)
+        block_tokens = encoded["input_ids"]
         num_blocks = block_ids.shape[1]
+        supervised = answer_ids is not None or patterns is not None
 
         rows, type_rows, spans = [], [], []
         for b, question in enumerate(question_ids):
@@ -233,11 +315,20 @@ class RealmRetriever:
                 question = question[: max_length // 2]
             budget = max_length - len(question) - 3
             for s in range(num_blocks):
-                block = block_tokens[b * num_blocks + s][:budget]
+                flat = b * num_blocks + s
+                block = block_tokens[flat][:budget]
                 rows.append([cls_id, *question, sep_id, *block, sep_id])
                 type_rows.append([0] * (len(question) + 2) + [1] * (len(block) + 1))
+                if not supervised:
+                    continue
+                starts, ends = [], []
                 if answer_ids is not None:
-                    spans.append(find_answer_spans(block, len(question) + 2, answer_ids[b]))
+                    starts, ends = find_answer_spans(block, len(question) + 2, answer_ids[b])
+                if patterns is not None and patterns[b]:
+                    offsets = encoded["offset_mapping"][flat][: len(block)]
+                    more_starts, more_ends = find_pattern_spans(texts[flat], offsets, len(question) + 2, patterns[b])
+                    starts, ends = starts + more_starts, ends + more_ends
+                spans.append((starts, ends))
 
         seq_len = max(len(row) for row in rows)
         input_ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
@@ -258,7 +349,7 @@ class RealmRetriever:
             "token_type_ids": token_type_ids.view(shape),
             "block_mask": block_mask.view(shape),
         }
-        if answer_ids is not None:
+        if supervised:
             max_answers = max(len(starts) for starts, _ in spans)
             starts = torch.full((len(rows), max_answers), -1, dtype=torch.long)
             ends = torch.full((len(rows), max_answers), -1, dtype=torch.long)
@@ -269,6 +360,32 @@ class RealmRetriever:
             inputs["start_positions"] = starts.view(*shape[:2], max_answers)
             inputs["end_positions"] = ends.view(*shape[:2], max_answers)
         return inputs
+
+    def gold_passage_mask(
+        self,
+        block_ids: torch.Tensor,
+        gold_block_ids: list[list[int]] | None = None,
+        gold_passages: Sequence[str | None] | None = None,
+        min_overlap: float = 0.5,
+    ) -> torch.BoolTensor:
+        """REALM++ passage supervision: which retrieved blocks [B, S] are a question's gold evidence.
+
+        A block is gold when its id is one of the question's gold_block_ids, or when at least `min_overlap` of the
+        distinct words of the question's gold passage text occur in the block (`word_overlap`; REALM++ used 50%).
+        """
+        block_ids = torch.as_tensor(block_ids)
+        mask = torch.zeros(block_ids.shape, dtype=torch.bool)
+        if gold_block_ids is not None:
+            for b, ids in enumerate(gold_block_ids):
+                if ids:
+                    mask[b] = torch.isin(block_ids[b].cpu(), torch.tensor(ids, dtype=torch.long))
+        if gold_passages is not None:
+            for b, passage in enumerate(gold_passages):
+                if passage:
+                    texts = self.block_records.texts(block_ids[b].tolist())
+                    overlaps = torch.tensor([word_overlap(passage, text) for text in texts])
+                    mask[b] |= overlaps >= min_overlap
+        return mask
 
     def __call__(self, retrieved_block_ids, question_input_ids, answer_ids=None, max_length=None, return_tensors="pt"):
         """The 4.x call for one question: -> (has_answers, start_pos, end_pos, concat_inputs).
@@ -465,4 +582,4 @@ def read_weight(path: str, name: str) -> torch.Tensor:
     return state_dict[name]
 
 
-__all__ = ["RealmRetriever", "normalize_answer_ids"]
+__all__ = ["RealmRetriever", "find_pattern_spans", "normalize_answer_ids", "word_overlap"]

@@ -1,0 +1,529 @@
+"""Open-QA fine-tuning of `RealmForOpenQA` on transformers' `Trainer` (ORQA as REALM used it, spec §6, with the
+REALM++ options).
+
+    openrealm train openqa --model MODEL --train FILE --dev FILE --output DIR --max-steps N [--corpus DIR] [options]
+
+MODEL: a RealmForOpenQA folder or Hub id (with its corpus and index), or a pre-training output (embedder/ + encoder/
+of `openrealm train pretrain`) with `--corpus DIR`; `--embedder` / `--encoder` name the two towers separately (e.g.
+google/realm-cc-news-pretrained-embedder and -encoder). From towers, the reader's BERT starts from the encoder's
+`realm.*` weights (its MLM head is dropped, the span scorer is new), the query tower is the embedder, and the index
+holds the embedder's block embeddings (spec §6.1).
+
+What is trained (spec §6.2-§6.4): the query tower and the reader; the block embeddings stay frozen (the index is not
+rebuilt). Loss = retriever loss over the top `searcher_beam_size` blocks (default 5000, capped at the corpus size) +
+reader loss over the top `reader_beam_size` blocks (default 5), one joint softmax over (block, span), each zeroed when
+nothing is correct. Distant supervision: answer strings matched as wordpieces, or, for rows whose `match` is "regex"
+(CuratedTrec, which the original code could not train on), answer patterns matched in the block text.
+
+REALM++ options: exact MIPS (the index type of the corpus index; exact by default), many questions per step plus
+gradient accumulation (the original used one), blocks read at inference set apart from training
+(`eval_reader_beam_size`, default 100, saved in the output config), and passage supervision (`passage_supervision`):
+rows with a `gold_passage_id` (a block id, or the id of a passage of `gold_passages` whose text is matched to the
+retrieved blocks by >= 50% word overlap) add -log sum_{gold} p(block | question) to the loss.
+
+OUTPUT: the RealmForOpenQA folder (weights, config, tokenizer, block records, index, custom code; loadable with
+`pipeline("question-answering", model=OUTPUT)`), its model card (README.md), `openqa_training.json` (settings, loss
+history, dev metrics before and after) and `dev_results.json` (the final dev evaluation with predictions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+
+from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
+from openrealm.modeling_realm import BERT_CONFIG_FIELDS
+from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
+from openrealm.trainers.ict import google_warmup_steps
+
+SEARCHER_BEAM_SIZE = 5000  # ORQA: blocks scored by the retriever loss
+READER_BEAM_SIZE = 5  # ORQA: blocks read in training
+EVAL_READER_BEAM_SIZE = 100  # REALM++: blocks read at inference
+LEARNING_RATE = 1e-5
+MIN_PASSAGE_OVERLAP = 0.5  # REALM++: a retrieved block with >= 50% of the gold passage's words is gold
+SUMMARY_NAME = "openqa_training.json"
+DEV_RESULTS_NAME = "dev_results.json"
+# Fields of the towers' configs that must agree: RealmForOpenQA holds one config for its embedder and reader.
+ARCHITECTURE_FIELDS = tuple(name for name in BERT_CONFIG_FIELDS if not name.endswith("dropout_prob"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The model from pre-trained towers
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_tower(model: str | os.PathLike | torch.nn.Module, kind: str) -> torch.nn.Module:
+    """A RealmEmbedder (kind "embedder") or a model whose `.realm` is the reader's BERT (kind "encoder": a
+    RealmKnowledgeAugEncoder, RealmReader or BERT checkpoint), from a folder / Hub id or as given."""
+    if isinstance(model, torch.nn.Module):
+        return model
+    if kind == "embedder":
+        from openrealm.trainers.index_builder import load_embedder
+
+        return load_embedder(model)
+    from openrealm.trainers.pretrain import load_encoder
+
+    return load_encoder(os.fspath(model), tokenizer=None)
+
+
+def check_same_architecture(embedder: torch.nn.Module, encoder: torch.nn.Module) -> None:
+    """RealmForOpenQA has one config for both encoders: their BERT architectures must agree."""
+    differences = [
+        f"{name}: embedder {getattr(embedder.config, name, None)} vs encoder {getattr(encoder.config, name, None)}"
+        for name in ARCHITECTURE_FIELDS
+        if getattr(embedder.config, name, None) != getattr(encoder.config, name, None)
+    ]
+    if differences:
+        raise ValueError(
+            "The embedder and the encoder must share one BERT architecture for RealmForOpenQA; they differ in "
+            + "; ".join(differences)
+        )
+
+
+def embed_corpus(embedder: RealmEmbedder, corpus: str | os.PathLike, batch_size: int = 128) -> RealmBlockIndex:
+    """An exact index of the embedder's embeddings of every block of the corpus folder."""
+    from openrealm.tokenization.corpus import load_corpus, read_corpus_config
+    from openrealm.trainers.index_builder import check_vocabulary, embed_blocks
+
+    blocks = load_corpus(corpus)
+    check_vocabulary(blocks, embedder, corpus, "the embedder")
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    max_length = read_corpus_config(corpus)["max_block_length"]  # the blocks' `[CLS] title [SEP] body [SEP]` length
+    block_emb = embed_blocks(embedder, blocks, tokenizer, batch_size=batch_size, max_length=max_length, progress=False)
+    return RealmBlockIndex.build(block_emb, index_type="exact")
+
+
+def load_block_index(index: RealmBlockIndex | str | os.PathLike) -> RealmBlockIndex:
+    """An index as given, a block_index folder (index_config.json) or an index root of versions (the newest)."""
+    if isinstance(index, RealmBlockIndex):
+        return index
+    if (Path(index) / "index_config.json").is_file():
+        return RealmBlockIndex.from_pretrained(index)
+    from openrealm.trainers.index_builder import load_index
+
+    return load_index(index)
+
+
+def openqa_model_from_pretraining(
+    embedder: str | os.PathLike | RealmEmbedder,
+    encoder: str | os.PathLike | torch.nn.Module,
+    corpus: str | os.PathLike,
+    index: RealmBlockIndex | str | os.PathLike | None = None,
+    **config_overrides,
+) -> RealmForOpenQA:
+    """A RealmForOpenQA from REALM pre-training towers (spec §6.1).
+
+    embedder: RealmEmbedder (folder, Hub id or model; e.g. OUTPUT/embedder of `openrealm train pretrain`): the query
+    tower, and the document tower of the index. encoder: RealmKnowledgeAugEncoder or BERT (folder, Hub id or model;
+    e.g. OUTPUT/encoder): its `realm.*` BERT initialises the reader; the span scorer is new. corpus: the knowledge
+    corpus folder (`openrealm corpus build`). index: the index of the embedder's block embeddings (a RealmBlockIndex
+    or a folder); default: built here (exact MIPS). config_overrides: RealmConfig fields (e.g. reader_beam_size).
+    """
+    embedder, encoder = load_tower(embedder, "embedder"), load_tower(encoder, "encoder")
+    check_same_architecture(embedder, encoder)
+    index = embed_corpus(embedder, corpus) if index is None else load_block_index(index)
+    if index.dim != embedder.config.retriever_proj_size:
+        raise ValueError(
+            f"The index holds {index.dim}-d embeddings but the embedder makes {embedder.config.retriever_proj_size}-d"
+        )
+    retriever = RealmRetriever.from_pretrained(os.fspath(corpus), index=index)
+    config = embedder.config.__class__.from_dict(
+        {**embedder.config.to_dict(), "architectures": ["RealmForOpenQA"], **config_overrides}
+    )
+    config.num_block_records = index.num_blocks
+    config.reader_seq_len = min(config.reader_seq_len, config.max_position_embeddings)
+    model = RealmForOpenQA(config, retriever=retriever)
+    model.embedder.load_state_dict(embedder.state_dict())
+    reader_bert = encoder.realm if hasattr(encoder, "realm") else encoder
+    model.reader.realm.load_state_dict(reader_bert.state_dict())
+    return model
+
+
+def load_openqa_model(
+    model: str | os.PathLike | None = None,
+    *,
+    embedder: str | None = None,
+    encoder: str | None = None,
+    corpus: str | os.PathLike | None = None,
+    index: str | os.PathLike | None = None,
+) -> RealmForOpenQA:
+    """The model to fine-tune: a RealmForOpenQA folder / Hub id, a pre-training output folder (embedder/ + encoder/)
+    with a corpus, or explicit embedder + encoder with a corpus."""
+    if model is not None and (Path(model) / "embedder").is_dir() and (Path(model) / "encoder").is_dir():
+        embedder, encoder = embedder or Path(model) / "embedder", encoder or Path(model) / "encoder"
+        model = None
+    if model is not None:
+        if embedder or encoder:
+            raise ValueError("Give either --model (a RealmForOpenQA) or --embedder and --encoder, not both.")
+        return RealmForOpenQA.from_pretrained(model)
+    if not (embedder and encoder):
+        raise ValueError("Give --model (a RealmForOpenQA or a pre-training output) or both --embedder and --encoder.")
+    if corpus is None:
+        raise ValueError("Starting from pre-trained towers needs the knowledge corpus: pass --corpus DIR.")
+    return openqa_model_from_pretraining(embedder, encoder, corpus, index=index)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def read_gold_passages(path: str | os.PathLike) -> dict[str, str]:
+    """{id: text} of a JSONL file of passages ({"id", "text", ...} per line, e.g. nq_open/dev_gold_passages.jsonl)."""
+    passages = {}
+    with open(path, encoding="utf-8") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                passages[str(row["id"])] = str(row["text"])
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise ValueError(
+                    f"{path}, line {number}: expected a JSON object with 'id' and 'text' ({error})"
+                ) from None
+    return passages
+
+
+class OpenQACollator:
+    """QA rows ({question, answers, match, gold_passage_id?}) -> RealmForOpenQA inputs.
+
+    input_ids / attention_mask / token_type_ids [B, Lq] of the questions (cut to max_question_length); answer_ids:
+    per question the wordpieces of each answer string (none for regex rows); answer_patterns: per question its
+    patterns (regex rows) or None; with passage supervision, gold_block_ids (a gold_passage_id that is a block id),
+    gold_passages (the text of a gold_passage_id found in `gold_passages`) and min_passage_overlap.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        max_question_length: int = 64,
+        passage_supervision: bool = False,
+        gold_passages: Mapping[str, str] | None = None,
+        num_blocks: int | None = None,
+        min_passage_overlap: float = MIN_PASSAGE_OVERLAP,
+    ):
+        self.tokenizer = tokenizer
+        self.max_question_length = max_question_length
+        self.passage_supervision = passage_supervision
+        self.gold_passages = dict(gold_passages or {})
+        self.num_blocks = num_blocks
+        self.min_passage_overlap = min_passage_overlap
+
+    def __call__(self, rows: Sequence[Mapping]) -> dict:
+        questions = [row["question"] for row in rows]
+        batch = dict(
+            self.tokenizer(
+                questions, padding=True, truncation=True, max_length=self.max_question_length, return_tensors="pt"
+            )
+        )
+        is_regex = [row.get("match", "string") == "regex" for row in rows]
+        batch["answer_ids"] = [
+            [] if regex else self.tokenizer(list(row["answers"]), add_special_tokens=False)["input_ids"]
+            for row, regex in zip(rows, is_regex)
+        ]
+        if any(is_regex):
+            batch["answer_patterns"] = [list(row["answers"]) if regex else None for row, regex in zip(rows, is_regex)]
+        if self.passage_supervision:
+            gold = [self.gold_of(row.get("gold_passage_id")) for row in rows]
+            batch["gold_block_ids"] = [[block_id] if block_id is not None else [] for block_id, _ in gold]
+            batch["gold_passages"] = [text for _, text in gold]
+            batch["min_passage_overlap"] = self.min_passage_overlap
+        return batch
+
+    def gold_of(self, passage_id: str | None) -> tuple[int | None, str | None]:
+        """(gold block id, gold passage text) of a row's gold_passage_id; (None, None) without one."""
+        if passage_id is None or passage_id == "":
+            return None, None
+        passage_id = str(passage_id)
+        if passage_id in self.gold_passages:
+            return None, self.gold_passages[passage_id]
+        if passage_id.isdigit() and (self.num_blocks is None or int(passage_id) < self.num_blocks):
+            return int(passage_id), None
+        raise ValueError(
+            f"gold_passage_id {passage_id!r} is neither a block id of the corpus nor the id of a passage in the gold "
+            "passages file (--gold-passages)."
+        )
+
+
+def as_dataset(data):
+    """A QA dataset: a `datasets.Dataset`, a list of rows, or a JSONL path / Hub name (load_qa_dataset)."""
+    if data is None:
+        return None
+    if isinstance(data, (str, os.PathLike)):
+        return load_qa_dataset(os.fspath(data))
+    if isinstance(data, list):
+        import datasets
+
+        rows = [{"match": "string", "gold_passage_id": None, **row} for row in data]
+        return datasets.Dataset.from_list(rows)
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def summarize_evaluation(results: dict) -> dict:
+    """The metrics of an evaluate_open_qa result (without the per-question predictions)."""
+    return {key: value for key, value in results.items() if key != "predictions"}
+
+
+class DevEvaluationCallback(TrainerCallback):
+    """Evaluates on the dev set every `eval_steps` optimiser steps (and records the metrics with their step)."""
+
+    def __init__(self, dev_dataset, eval_steps: int | None, evaluate):
+        self.dev_dataset = dev_dataset
+        self.eval_steps = eval_steps
+        self.evaluate = evaluate
+        self.history: list[dict] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.dev_dataset is not None and self.eval_steps and state.global_step % self.eval_steps == 0:
+            metrics = self.evaluate()
+            self.history.append({"step": state.global_step, **metrics})
+            state.log_history.append({"step": state.global_step, **{f"dev_{k}": v for k, v in metrics.items()}})
+
+
+def finetune_openqa(
+    model: RealmForOpenQA,
+    train_dataset,
+    dev_dataset=None,
+    output_dir: str | os.PathLike = "openqa-output",
+    max_steps: int = 1000,
+    *,
+    batch_size: int = 8,
+    gradient_accumulation_steps: int = 1,
+    learning_rate: float = LEARNING_RATE,
+    warmup_steps: int | None = None,
+    weight_decay: float = 0.01,
+    searcher_beam_size: int = SEARCHER_BEAM_SIZE,
+    reader_beam_size: int = READER_BEAM_SIZE,
+    eval_reader_beam_size: int = EVAL_READER_BEAM_SIZE,
+    eval_steps: int | None = None,
+    eval_batch_size: int = 8,
+    passage_supervision: bool = False,
+    gold_passages: Mapping[str, str] | None = None,
+    min_passage_overlap: float = MIN_PASSAGE_OVERLAP,
+    max_question_length: int = 64,
+    logging_steps: int = 10,
+    seed: int = 0,
+    bf16: bool = False,
+    report_to: str | list[str] = "none",
+    progress: bool = True,
+    save: bool = True,
+    summary_extras: dict | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> dict:
+    """Fine-tune `model` (a RealmForOpenQA with its retriever) on QA rows and save it into output_dir.
+
+    train_dataset / dev_dataset: `load_qa_dataset` results, lists of rows, or JSONL paths. batch_size questions per
+    step and device, times gradient_accumulation_steps per optimiser step. warmup_steps default: ORQA's
+    min(10000, max(100, max_steps / 10)). eval_steps: dev evaluation period (default: before and after training only).
+    callbacks: more TrainerCallbacks (e.g. the quickstart's plots).
+    Returns the training summary (also written to output_dir/openqa_training.json when save).
+    """
+    train_dataset, dev_dataset = as_dataset(train_dataset), as_dataset(dev_dataset)
+    if train_dataset is None or len(train_dataset) == 0:
+        raise ValueError("The training set holds no questions.")
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be positive, got {max_steps}")
+    if min(batch_size, gradient_accumulation_steps, reader_beam_size, eval_reader_beam_size, searcher_beam_size) < 1:
+        raise ValueError("batch sizes, accumulation steps and beam sizes must be positive")
+    if passage_supervision and "gold_passage_id" not in train_dataset.column_names:
+        raise ValueError("passage_supervision needs a gold_passage_id column in the training set.")
+    retriever = model._require_retriever()
+    num_blocks = retriever.index.num_blocks
+    model.config.searcher_beam_size = min(searcher_beam_size, num_blocks)
+    model.config.reader_beam_size = min(reader_beam_size, num_blocks)
+    eval_beam = min(eval_reader_beam_size, num_blocks)
+    output_dir = Path(output_dir)
+
+    latest = {}  # the newest dev evaluation, predictions included
+
+    def evaluate() -> dict:
+        latest["results"] = evaluate_open_qa(model, dev_dataset, batch_size=eval_batch_size, num_blocks=eval_beam)
+        return summarize_evaluation(latest["results"])
+
+    callback = DevEvaluationCallback(dev_dataset, eval_steps, evaluate)
+    collator = OpenQACollator(
+        retriever.tokenizer,
+        max_question_length,
+        passage_supervision,
+        gold_passages,
+        num_blocks=num_blocks,
+        min_passage_overlap=min_passage_overlap,
+    )
+    with tempfile.TemporaryDirectory(prefix="openqa-trainer-") as scratch:
+        arguments = TrainingArguments(
+            output_dir=scratch,
+            max_steps=max_steps,
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            learning_rate=learning_rate,
+            warmup_steps=google_warmup_steps(max_steps) if warmup_steps is None else warmup_steps,
+            weight_decay=weight_decay,
+            logging_steps=logging_steps,
+            save_strategy="no",
+            report_to=report_to,
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            seed=seed,
+            bf16=bf16,
+            disable_tqdm=not progress,
+            use_cpu=not torch.cuda.is_available(),
+        )
+        trainer = Trainer(
+            model=model,
+            args=arguments,
+            train_dataset=train_dataset,
+            data_collator=collator,
+            callbacks=[callback, *callbacks],
+        )
+        model.block_embedding_to(arguments.device)
+        dev_before = evaluate() if dev_dataset is not None else None
+        started = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - started
+    model.config.reader_beam_size = eval_beam  # REALM++: read more blocks at inference than in training
+    dev_after = evaluate() if dev_dataset is not None else None
+    losses = [{"step": row["step"], "loss": row["loss"]} for row in trainer.state.log_history if "loss" in row]
+    summary = {
+        **(summary_extras or {}),
+        "max_steps": max_steps,
+        "batch_size": batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "learning_rate": learning_rate,
+        "warmup_steps": arguments.warmup_steps,
+        "searcher_beam_size": model.config.searcher_beam_size,
+        "reader_beam_size_train": min(reader_beam_size, num_blocks),
+        "reader_beam_size_eval": eval_beam,
+        "passage_supervision": passage_supervision,
+        "num_blocks": num_blocks,
+        "num_train_questions": len(train_dataset),
+        "train_seconds": round(seconds, 2),
+        "train_loss": losses,
+        "dev_before": dev_before,
+        "dev_after": dev_after,
+        "dev_history": callback.history,
+    }
+    if save:
+        save_finetuned(model, output_dir, summary, latest.get("results"))
+    return summary
+
+
+def save_finetuned(model: RealmForOpenQA, output_dir: Path, summary: dict, dev_results: dict | None) -> None:
+    """The Hub-ready RealmForOpenQA folder, its model card, the summary JSON and the dev results (each atomic)."""
+    from openrealm.hub_cards.model_card import open_qa_model_card
+
+    model.save_pretrained(output_dir)
+    evaluations = []
+    if dev_results is not None:
+        dev_results = {**dev_results, "dataset": summary.get("dev") or "dev", "split": "dev"}
+        write_results(dev_results, output_dir / DEV_RESULTS_NAME)
+        evaluations.append(dev_results)
+    card = open_qa_model_card(
+        evaluations, model_name=output_dir.name, training_summary=summary, num_blocks=summary["num_blocks"]
+    )
+    write_text_atomic(output_dir / "README.md", str(card))
+    write_text_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    staging.write_text(text, encoding="utf-8")
+    os.replace(staging, path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm train openqa`."""
+    parser.add_argument("--model", default=None, help="RealmForOpenQA folder / Hub id, or a pre-training output")
+    parser.add_argument("--embedder", default=None, help="RealmEmbedder folder / Hub id (instead of --model)")
+    parser.add_argument("--encoder", default=None, help="RealmKnowledgeAugEncoder or BERT folder / Hub id")
+    parser.add_argument("--corpus", default=None, help="knowledge-corpus folder (needed when starting from towers)")
+    parser.add_argument("--index", default=None, help="index of the embedder's blocks (default: built from --corpus)")
+    parser.add_argument("--train", required=True, help="training questions: JSONL file, folder or Hub dataset name")
+    parser.add_argument("--dev", default=None, help="dev questions (evaluated before, during and after training)")
+    parser.add_argument("--train-split", default="train", help="split of a --train folder or Hub dataset (train)")
+    parser.add_argument("--dev-split", default=None, help="split of a --dev folder or Hub dataset (default: auto)")
+    parser.add_argument("--output", required=True, help="folder for the fine-tuned RealmForOpenQA")
+    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="questions per step (ORQA: 1; default 8)")
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1, help="steps per update (default 1)")
+    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="peak AdamW lr (default 1e-5)")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
+    parser.add_argument(
+        "--searcher-beam-size", type=int, default=SEARCHER_BEAM_SIZE, help="blocks in the retriever loss"
+    )
+    parser.add_argument("--reader-beam-size", type=int, default=READER_BEAM_SIZE, help="blocks read in training (5)")
+    parser.add_argument("--eval-reader-beam-size", type=int, default=EVAL_READER_BEAM_SIZE, help="read at inference")
+    parser.add_argument("--eval-steps", type=int, default=None, help="dev evaluation every N steps")
+    parser.add_argument("--eval-batch-size", type=int, default=8, help="dev questions per forward pass (default 8)")
+    parser.add_argument("--passage-supervision", action="store_true", help="REALM++ gold-passage retriever loss")
+    parser.add_argument("--gold-passages", default=None, help="JSONL {id, text} of the gold passages of the rows")
+    parser.add_argument("--min-passage-overlap", type=float, default=MIN_PASSAGE_OVERLAP, help="default 0.5")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the span scorer and the data order")
+    parser.add_argument("--logging-steps", type=int, default=10, help="log every N steps (default 10)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard (default none)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`openrealm train openqa`: load or assemble the model, fine-tune, save the folder and the summary."""
+    from transformers import set_seed
+
+    set_seed(args.seed)
+    model = load_openqa_model(
+        args.model, embedder=args.embedder, encoder=args.encoder, corpus=args.corpus, index=args.index
+    )
+    gold_passages = read_gold_passages(args.gold_passages) if args.gold_passages else None
+    summary = finetune_openqa(
+        model,
+        load_qa_dataset(args.train, split=args.train_split),
+        load_qa_dataset(args.dev, split=args.dev_split) if args.dev else None,
+        output_dir=args.output,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        searcher_beam_size=args.searcher_beam_size,
+        reader_beam_size=args.reader_beam_size,
+        eval_reader_beam_size=args.eval_reader_beam_size,
+        eval_steps=args.eval_steps,
+        eval_batch_size=args.eval_batch_size,
+        passage_supervision=args.passage_supervision,
+        gold_passages=gold_passages,
+        min_passage_overlap=args.min_passage_overlap,
+        logging_steps=args.logging_steps,
+        seed=args.seed,
+        bf16=args.bf16,
+        report_to=args.report_to,
+        progress=not args.no_progress,
+        summary_extras={
+            "model": args.model or f"{args.embedder} + {args.encoder}",
+            "corpus": args.corpus,
+            "train": args.train,
+            "dev": args.dev,
+        },
+    )
+    after = summary["dev_after"]
+    if after is not None:
+        print(f"dev exact match {summary['dev_before']['exact_match']:.2f} -> {after['exact_match']:.2f}")
+    print(f"Saved the fine-tuned RealmForOpenQA to {args.output}")
+    return 0
