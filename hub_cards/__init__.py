@@ -1,5 +1,5 @@
 """Model cards and Hub publishing."""
 
-from .model_card import realm_model_card
+from .model_card import open_qa_model_card, realm_model_card
 
-__all__ = ["realm_model_card"]
+__all__ = ["open_qa_model_card", "realm_model_card"]

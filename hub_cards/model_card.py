@@ -1,4 +1,6 @@
-"""Model cards of REALM checkpoints: `realm_model_card(kind, training_summary)` -> `huggingface_hub.ModelCard`.
+"""Model cards of REALM checkpoints: `realm_model_card(kind, training_summary)` -> `huggingface_hub.ModelCard` for
+the pre-training towers, and `open_qa_model_card(evaluations, ...)` for a fine-tuned RealmForOpenQA folder, whose YAML
+metadata carries the evaluation results as `model-index` (written by `openrealm evaluate`, pushed by `openrealm push`).
 
 kind: "embedder" (RealmEmbedder, the retriever's tower), "encoder" (RealmKnowledgeAugEncoder, the MLM reader of
 pre-training), "scorer" (RealmScorer, query x document relevance) or "open-qa" (RealmForOpenQA).
@@ -12,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 KINDS = {
     "embedder": (
@@ -45,6 +47,14 @@ REALM_BIBTEX = """@inproceedings{guu2020realm,
 }"""
 
 FINAL_METRICS = ("loss", "retrieval_utility", "null_doc_prob", "index_version")
+LIMITATIONS = [
+    "- Runs with few steps, tiny models or synthetic corpora (tests, smoke runs) are for checking the code, not "
+    "for use: check the steps and metrics above.",
+    "- English only; the vocabulary is uncased.",
+    "- It inherits the biases and errors of its corpus (for Wikipedia: its coverage, viewpoint and demographic "
+    "biases) and may retrieve and reproduce them.",
+    "- No safety tuning or filtering of any kind.",
+]
 
 
 def _value(value) -> str:
@@ -148,12 +158,7 @@ def realm_model_card(
         "",
         "## Limitations",
         "",
-        "- Runs with few steps, tiny models or synthetic corpora (tests, smoke runs) are for checking the code, not "
-        "for use: check the steps and metrics above.",
-        "- English only; the vocabulary is uncased.",
-        "- It inherits the biases and errors of its corpus (for Wikipedia: its coverage, viewpoint and demographic "
-        "biases) and may retrieve and reproduce them.",
-        "- No safety tuning or filtering of any kind.",
+        *LIMITATIONS,
         "",
         "## Citation",
         "",
@@ -165,4 +170,165 @@ def realm_model_card(
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
 
 
-__all__ = ["KINDS", "REALM_BIBTEX", "final_metrics", "realm_model_card"]
+# Shared sections of the cards.
+INTENDED_USE_QA = (
+    "Open-domain question answering over the knowledge corpus shipped with the model (block records and MIPS index "
+    "in this repository), and research on retrieval-augmented models. Answers come with their provenance (the block "
+    "read), so they can be checked. The retriever only works with an index built by this embedder over this corpus."
+)
+METRIC_NAMES = {"exact_match": "Exact match", "reader_oracle": "Reader oracle"}
+
+
+def evaluation_results(evaluation: dict, model_name: str) -> list[EvalResult]:
+    """`model-index` entries of one `openrealm evaluate` JSON: exact_match, recall@k and reader_oracle (percent) on
+    its dataset and split, task question-answering."""
+    if "exact_match" not in evaluation:
+        raise ValueError(
+            f"evaluation results of {model_name} hold no 'exact_match': write them with openrealm evaluate"
+        )
+    dataset = str(evaluation.get("dataset_name") or evaluation.get("dataset") or "unknown")
+    metrics = [
+        "exact_match",
+        *sorted((k for k in evaluation if k.startswith("recall@")), key=_recall_k),
+        "reader_oracle",
+    ]
+    return [
+        EvalResult(
+            task_type="question-answering",
+            task_name="Open-domain question answering",
+            dataset_type=dataset,
+            dataset_name=dataset,
+            dataset_split=evaluation.get("split"),
+            metric_type=metric,
+            metric_name=METRIC_NAMES.get(metric, metric.replace("recall@", "Recall@")),
+            metric_value=round(float(evaluation[metric]), 2),
+            metric_config=evaluation.get("match"),
+        )
+        for metric in metrics
+        if evaluation.get(metric) is not None
+    ]
+
+
+def _recall_k(metric: str) -> int:
+    return int(metric.split("@", 1)[1])
+
+
+def _results_table(evaluations: list[dict]) -> list[str]:
+    """One markdown row per evaluation: dataset, split, questions, blocks read, retrieval, EM, recall@k, oracle."""
+    ks = sorted({_recall_k(k) for evaluation in evaluations for k in evaluation if k.startswith("recall@")})
+    header = ["dataset", "split", "questions", "blocks read", "retrieval", "EM", *[f"R@{k}" for k in ks], "oracle"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for evaluation in evaluations:
+        cells = [
+            evaluation.get("dataset_name") or evaluation.get("dataset"),
+            evaluation.get("split"),
+            evaluation.get("count"),
+            evaluation.get("num_blocks"),
+            evaluation.get("retrieval", "dense"),
+            evaluation.get("exact_match"),
+            *[evaluation.get(f"recall@{k}") for k in ks],
+            evaluation.get("reader_oracle"),
+        ]
+        lines.append("| " + " | ".join(f"{c:.2f}" if isinstance(c, float) else _value(c) for c in cells) + " |")
+    return lines
+
+
+def open_qa_model_card(
+    evaluations: list[dict],
+    *,
+    model_name: str,
+    training_summary: dict | None = None,
+    num_blocks: int | None = None,
+    corpus: str | None = None,
+    datasets: list[str] | None = None,
+    license: str = "apache-2.0",
+) -> ModelCard:
+    """The card of a fine-tuned RealmForOpenQA: `model-index` from `openrealm evaluate` JSONs (exact match, recall@k,
+    reader-oracle per dataset), the training corpus (name, blocks) and run, intended use, limitations, citation.
+
+    evaluations: dicts read from evaluation JSONs; training_summary: the fine-tuning summary (corpus, max_steps,
+    learning_rate, ...) when known; num_blocks / corpus: the knowledge corpus (block count, folder or dataset name).
+    """
+    summary = training_summary or {}
+    corpus = corpus or summary.get("corpus")
+    facts = _corpus_facts(corpus)
+    results = [result for evaluation in evaluations for result in evaluation_results(evaluation, model_name)]
+    data = ModelCardData(
+        model_name=model_name,
+        library_name="transformers",
+        pipeline_tag="question-answering",
+        license=license,
+        language=["en"],
+        tags=["realm", "retrieval-augmented", "open-domain-qa", "openrealm", "open-qa"],
+        datasets=datasets or None,
+        eval_results=results or None,
+    )
+    corpus_name = os.path.basename(str(corpus).rstrip("/")) if corpus else "unknown"
+    lines = [
+        f"# {model_name}",
+        "",
+        "## Model description",
+        "",
+        "REALM (Retrieval-Augmented Language Model pre-training, Guu et al. 2020) fine-tuned for open-domain question "
+        "answering as in ORQA (Lee et al. 2019): the question is embedded, the top blocks of the knowledge corpus are "
+        "retrieved by maximum inner product search, and a span-extraction reader picks the answer from the blocks "
+        "read, scoring each (block, span) pair with the block's retrieval score added.",
+        "",
+        f"This repository holds `{KINDS['open-qa'][0]}`: {KINDS['open-qa'][1]}, with its tokenizer, knowledge corpus "
+        "(block records) and MIPS index, so it answers questions on its own:",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'qa = pipeline("question-answering", model="{model_name}", trust_remote_code=True)',
+        'qa("who founded the city?", top_k=1)  # answer, score, block id, title and text of the block read',
+        "```",
+        "",
+        "## Training corpus",
+        "",
+        f"- knowledge corpus: `{corpus_name}` ({_value(corpus)})",
+        f"- blocks: {_value(num_blocks or summary.get('num_blocks') or facts.get('num_blocks'))}",
+        f"- articles: {_value(facts.get('num_articles'))}",
+        f"- source: {_value(facts.get('source'))}",
+        "",
+        "## Training",
+        "",
+        f"- training data: {_value(summary.get('train'))}",
+        f"- steps: {_value(summary.get('max_steps'))}",
+        f"- batch size: {_value(summary.get('batch_size'))}",
+        f"- learning rate: {_value(summary.get('learning_rate'))}",
+        f"- initial model: {_value(summary.get('model') or summary.get('init'))}",
+        "",
+        "## Evaluation",
+        "",
+        "Exact match after ORQA's answer normalisation (regex match for CuratedTrec), retrieval recall@k (some top-k "
+        "block contains an answer) and reader-oracle (some block read contains an answer), in percent:",
+        "",
+        *(_results_table(evaluations) if evaluations else ["No evaluation results were given."]),
+        "",
+        "## Intended use",
+        "",
+        INTENDED_USE_QA,
+        "",
+        "## Limitations",
+        "",
+        *LIMITATIONS,
+        "",
+        "## Citation",
+        "",
+        "```bibtex",
+        REALM_BIBTEX,
+        "```",
+        "",
+    ]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
+
+
+__all__ = [
+    "KINDS",
+    "REALM_BIBTEX",
+    "evaluation_results",
+    "final_metrics",
+    "open_qa_model_card",
+    "realm_model_card",
+]

@@ -37,6 +37,7 @@ REQUIRED_WHEEL_FILES = (
     "openrealm/tokenization/tokenization_realm.py",
     "openrealm/trainers/cli.py",
     "openrealm/hub_cards/__init__.py",
+    "openrealm/trainers/metrics/realm_open_qa/realm_open_qa.py",
 )
 # Top-level entries of the repo that are never part of a build (VCS, virtual environments, caches, build outputs).
 NOT_SOURCES = (".*", "build", "dist", "*.egg-info", "__pycache__", "venv", "env")

@@ -5,7 +5,10 @@ openrealm ask --model MODEL "question" [--top-k 3]                              
 openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
 openrealm corpus build --input FILE.jsonl --output DIR [--spans spacy|regex|MODEL]      # knowledge corpus
 openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N                # ICT warm start
+openrealm train openqa --model MODEL --train FILE --dev FILE --output DIR --max-steps N     # open-QA fine-tuning
 openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type flat]    # MIPS index
+openrealm evaluate --model MODEL --dataset FILE_OR_NAME --output FILE.json [--retrieval bm25]  # EM, recall@k
+openrealm push --model DIR --repo-id ID [--eval-results FILE.json ...] [--private]      # Hub upload with card
 """
 
 import argparse
@@ -22,7 +25,19 @@ JOBS = {
         "openrealm.trainers.pretrain",
         "REALM pre-training with a refreshed index (single process)",
     ),
+    ("train", "openqa"): (
+        "openrealm.trainers.openqa",
+        "open-QA fine-tuning of RealmForOpenQA (ORQA losses, REALM++ options)",
+    ),
     ("index", "build"): ("openrealm.trainers.index_builder", "embed every block of a corpus and write a MIPS index"),
+    ("evaluate", None): (
+        "openrealm.trainers.evaluation",
+        "evaluate an open-QA model: exact match, recall@k, reader-oracle (results JSON)",
+    ),
+    ("push", None): (
+        "openrealm.trainers.push",
+        "upload an open-QA model folder to the Hub with a model card holding its evaluation results",
+    ),
 }
 
 

@@ -1,0 +1,176 @@
+"""`openrealm push`: the open-QA folder is uploaded with a model card whose metadata carries the evaluation results
+(model-index), the corpus and the citation; no network (a recording stand-in for HfApi)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import BLOCK_TEXTS, make_openqa_model
+from huggingface_hub import ModelCard
+from huggingface_hub.utils import filter_repo_objects
+
+from openrealm.hub_cards import realm_model_card
+from openrealm.hub_cards.model_card import REALM_BIBTEX, open_qa_model_card
+from openrealm.trainers.cli import main
+from openrealm.trainers.evaluation import evaluate_open_qa, write_results
+from openrealm.trainers.push import push_open_qa_model
+
+QUESTIONS = [
+    {"question": "where does the nile flow ?", "answers": ["egypt"]},
+    {"question": "which river flows through london ?", "answers": ["thames"]},
+]
+
+
+class RecordingHfApi:
+    """Stands in for huggingface_hub.HfApi: records the repos created and the files each upload would send."""
+
+    def __init__(self):
+        self.repos, self.uploads = [], {}
+
+    def create_repo(self, repo_id, private=False, exist_ok=False):
+        self.repos.append((repo_id, private))
+
+    def upload_folder(self, repo_id, folder_path, commit_message=None, ignore_patterns=None):
+        folder = Path(folder_path)
+        paths = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
+        kept = filter_repo_objects(paths, ignore_patterns=ignore_patterns)  # as upload_folder filters
+        self.uploads[repo_id] = {path: (folder / path).read_bytes() for path in kept}
+        return f"https://huggingface.co/{repo_id}/commit/0"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    torch.set_num_threads(1)
+    model = make_openqa_model(seed=0)
+    path = tmp_path_factory.mktemp("push") / "realm-openqa"
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def results_file(folder, tmp_path_factory):
+    model = make_openqa_model(seed=0)
+    results = evaluate_open_qa(model, QUESTIONS, num_blocks=2, recall_ks=(1, 5))
+    results.update(dataset="qa/test.jsonl", dataset_name="toy-qa", split="test", retrieval="dense")
+    return write_results(results, tmp_path_factory.mktemp("eval") / "test.json")
+
+
+def card_metadata(card_text: str) -> dict:
+    return yaml.safe_load(card_text.split("---")[1])
+
+
+def test_push_uploads_model_tokenizer_corpus_index_code_and_card(folder, results_file):
+    api = RecordingHfApi()
+    url = push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], private=True, api=api)
+    assert url == "https://huggingface.co/me/realm-toy/commit/0" and api.repos == [("me/realm-toy", True)]
+    uploaded = api.uploads["me/realm-toy"]
+    assert {
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "block_records.safetensors",
+        "block_index/index_config.json",
+        "modeling_realm.py",
+        "pipeline_realm.py",
+    } <= set(uploaded)
+    assert uploaded["README.md"] == (folder / "README.md").read_bytes()  # the card is kept in the folder too
+
+
+def test_hidden_temporaries_and_checkpoints_are_not_uploaded(folder, results_file):
+    (folder / ".README.md-abc123").write_text("half-written")
+    (folder / "checkpoint-5").mkdir(exist_ok=True)
+    (folder / "checkpoint-5" / "optimizer.pt").write_bytes(b"state")
+    api = RecordingHfApi()
+    try:
+        push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
+    finally:
+        (folder / ".README.md-abc123").unlink()
+        (folder / "checkpoint-5" / "optimizer.pt").unlink()
+        (folder / "checkpoint-5").rmdir()
+    uploaded = set(api.uploads["me/realm-toy"])
+    assert "README.md" in uploaded and not any(path.startswith((".", "checkpoint-")) for path in uploaded)
+
+
+def test_card_model_index_holds_the_evaluation_results(folder, results_file):
+    api = RecordingHfApi()
+    push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
+    results = json.loads(results_file.read_text())
+    metadata = card_metadata(api.uploads["me/realm-toy"]["README.md"].decode())
+    (entry,) = metadata["model-index"]
+    assert entry["name"] == "me/realm-toy"
+    (result,) = entry["results"]
+    assert result["task"]["type"] == "question-answering"
+    assert result["dataset"] == {"name": "toy-qa", "type": "toy-qa", "split": "test"}
+    metrics = {metric["type"]: metric["value"] for metric in result["metrics"]}
+    assert metrics == {
+        "exact_match": round(results["exact_match"], 2),
+        "recall@1": round(results["recall@1"], 2),
+        "recall@5": round(results["recall@5"], 2),
+        "reader_oracle": round(results["reader_oracle"], 2),
+    }
+    assert metadata["pipeline_tag"] == "question-answering" and "realm" in metadata["tags"]
+
+
+def test_card_names_the_corpus_and_cites_realm(tmp_path):
+    corpus = tmp_path / "wiki-blocks"
+    corpus.mkdir()
+    (corpus / "corpus_config.json").write_text(json.dumps({"num_blocks": 4667, "num_articles": 2515}))
+    summary = {"max_steps": 300, "learning_rate": 1e-5, "batch_size": 16, "train": "webquestions/train.jsonl"}
+    card = open_qa_model_card([], model_name="me/realm", training_summary=summary, corpus=str(corpus))
+    text = str(card)
+    for line in (
+        "knowledge corpus: `wiki-blocks`",
+        "blocks: 4667",
+        "articles: 2515",
+        "steps: 300",
+        "learning rate: 1e-05",
+    ):
+        assert line in text, line
+    assert REALM_BIBTEX in text and "No evaluation results were given." in text
+    assert "model-index" not in card_metadata(text)
+
+
+def test_card_results_table_has_one_row_per_evaluation():
+    evaluations = [
+        {"dataset_name": "nq_open", "split": "dev", "exact_match": 40.0, "recall@5": 60.0, "count": 10},
+        {"dataset_name": "curatedtrec", "split": "test", "exact_match": 20.5, "recall@5": 30.25, "match": "regex"},
+    ]
+    card = ModelCard(str(open_qa_model_card(evaluations, model_name="me/realm")))
+    assert "| nq_open | dev | 10 | unknown | dense | 40.00 | 60.00 | unknown |" in card.text
+    assert "| curatedtrec | test | unknown | unknown | dense | 20.50 | 30.25 | unknown |" in card.text
+    assert {result.dataset_name for result in card.data.eval_results} == {"nq_open", "curatedtrec"}
+
+
+def test_pretraining_cards_still_work():
+    card = realm_model_card("embedder", {"max_steps": 2, "num_blocks": len(BLOCK_TEXTS)})
+    assert "steps: 2" in card.text and f"blocks: {len(BLOCK_TEXTS)}" in card.text
+
+
+def test_cli_pushes_with_the_results(folder, results_file, monkeypatch, capsys):
+    api = RecordingHfApi()
+    monkeypatch.setattr("huggingface_hub.HfApi", lambda: api)
+    argv = ["push", "--model", str(folder), "--repo-id", "me/realm-cli", "--eval-results", str(results_file)]
+    assert main(argv) == 0
+    assert api.repos == [("me/realm-cli", False)]
+    assert b"exact_match" in api.uploads["me/realm-cli"]["README.md"]
+    assert "Pushed" in capsys.readouterr().out
+
+
+def test_an_incomplete_folder_is_refused_before_any_upload(folder, tmp_path):
+    api = RecordingHfApi()
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_text((folder / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="model.safetensors.*block_records.safetensors.*block_index"):
+        push_open_qa_model(partial, "me/x", api=api)
+    assert api.repos == [] and api.uploads == {}
+
+
+def test_results_without_exact_match_are_refused(folder, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"recall@5": 1.0}))
+    with pytest.raises(ValueError, match="exact_match"):
+        push_open_qa_model(folder, "me/x", eval_results=[bad], api=RecordingHfApi())

@@ -1,0 +1,137 @@
+"""`openrealm push`: upload a RealmForOpenQA folder (weights, tokenizer, knowledge corpus, index, custom code) to the
+Hub with a model card whose metadata carries the evaluation results (`model-index`), the corpus and the citation.
+
+    openrealm push --model DIR --repo-id ID [--eval-results FILE.json ...] [--private]
+                   [--training-summary FILE.json] [--corpus NAME] [--datasets ID ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from openrealm.hub_cards.model_card import open_qa_model_card
+from openrealm.trainers.evaluation import read_results
+
+# What a folder must hold to answer questions on its own (RealmForOpenQA.save_pretrained with a retriever).
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "block_records.safetensors")
+# Never uploaded: hidden files (temporaries of atomic writes) and training checkpoints.
+IGNORE_PATTERNS = [".*", "**/.*", "checkpoint-*", "checkpoint-*/**"]
+
+
+def check_open_qa_folder(folder: str | os.PathLike) -> dict:
+    """The folder's config.json, after checking that it is a complete RealmForOpenQA folder (weights, tokenizer,
+    block records and index)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"No model folder {folder}")
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if not (folder / "block_index").is_dir():
+        missing.append("block_index/")
+    if missing:
+        raise FileNotFoundError(
+            f"{folder} is not a complete RealmForOpenQA folder: missing {', '.join(missing)} (save it with "
+            "RealmForOpenQA.save_pretrained on a model that has its retriever, e.g. the output of openrealm train openqa)"
+        )
+    config = json.loads((folder / "config.json").read_text())
+    if "RealmForOpenQA" not in (config.get("architectures") or []):
+        raise ValueError(f"{folder} holds {config.get('architectures')}, not a RealmForOpenQA model")
+    return config
+
+
+def write_model_card(folder: str | os.PathLike, card) -> Path:
+    """Write FOLDER/README.md atomically (temporary file beside it, then rename)."""
+    path = Path(folder) / "README.md"
+    handle, temporary = tempfile.mkstemp(prefix=".README.md-", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(str(card))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def push_open_qa_model(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    eval_results: Sequence[str | os.PathLike] = (),
+    training_summary: str | os.PathLike | None = None,
+    corpus: str | None = None,
+    datasets: Sequence[str] | None = None,
+    private: bool = False,
+    api=None,
+) -> str:
+    """Write the model card into FOLDER/README.md (model-index from the evaluation JSONs) and upload the folder to
+    `repo_id` (created if needed). Returns what `upload_folder` returns (the commit URL)."""
+    from huggingface_hub import HfApi
+
+    config = check_open_qa_folder(folder)
+    evaluations = [read_results(path) for path in eval_results]
+    summary = json.loads(Path(training_summary).read_text()) if training_summary else None
+    card = open_qa_model_card(
+        evaluations,
+        model_name=repo_id,
+        training_summary=summary,
+        num_blocks=config.get("num_block_records"),
+        corpus=corpus,
+        datasets=list(datasets) if datasets else None,
+    )
+    write_model_card(folder, card)
+    api = api or HfApi()
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    return api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        commit_message="Upload REALM open-QA model",
+        ignore_patterns=IGNORE_PATTERNS,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm push`."""
+    parser.add_argument("--model", required=True, help="RealmForOpenQA folder (weights, tokenizer, corpus, index)")
+    parser.add_argument("--repo-id", required=True, help="Hub repository to create or update (owner/name)")
+    parser.add_argument(
+        "--eval-results", nargs="*", default=[], help="results JSON(s) of openrealm evaluate, for the model-index"
+    )
+    parser.add_argument("--training-summary", default=None, help="JSON summary of the fine-tuning run, for the card")
+    parser.add_argument("--corpus", default=None, help="knowledge corpus folder or name, for the card")
+    parser.add_argument("--datasets", nargs="*", default=None, help="Hub dataset ids to list in the card metadata")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`openrealm push`: card + upload."""
+    url = push_open_qa_model(
+        args.model,
+        args.repo_id,
+        eval_results=args.eval_results,
+        training_summary=args.training_summary,
+        corpus=args.corpus,
+        datasets=args.datasets,
+        private=args.private,
+    )
+    print(f"Pushed {args.model} to {args.repo_id}: {url}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="openrealm push", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+__all__ = ["check_open_qa_folder", "push_open_qa_model", "write_model_card"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
