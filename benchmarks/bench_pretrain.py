@@ -8,16 +8,24 @@ training runs twice: refresh "off" (no build ever runs) and refresh "async" with
 starts at the first step end after the previous one swapped in: a builder process is running almost all the time.
 Reported: examples/s (steps after the first 5, which include start-up), the ratio with build / without, the trainer's
 time in the refresh callback per swap (the swap itself as `IndexRefreshCallback` records it, and the full callback time
-of that step boundary and of the step end that saved the snapshot and started the builder), as ms and % of the mean
-step time, and the staleness in steps at each swap. The refresh callback is timed by wrapping its two hooks on the
-instance; trainers/ is not changed.
+of that step boundary and of the step end that started the build), as ms and % of the mean step time, and the
+staleness in steps at each swap. The refresh callback is timed by wrapping its two hooks on the instance.
+
+Since the snapshot went off the training thread, the step end that starts a build only clones the embedder's tensors
+(into the buffers of the previous snapshot); the module copy, safetensors save and builder start run on the callback's
+background thread, and so do loading the new version and pruning. The last table times that training-step part
+directly, against the previous way (deep copy + save_pretrained + process start on the step), for the benchmark's
+embedder and a BERT-base-sized one (median of --repeats).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,14 +35,20 @@ import transformers
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 
+from openrealm import RealmConfig, RealmEmbedder
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import pretrain
 from openrealm.trainers.ict import load_embedder, parse_config_overrides
+from openrealm.trainers.refresh import clone_tensors
 from openrealm.trainers.synthetic_world import generate_world
 
 MODEL = "hidden_size=128,num_hidden_layers=2,num_attention_heads=4,intermediate_size=512,retriever_proj_size=64"
 WARMUP_STEPS = 5  # steps left out of the throughput (first batches, allocator warm-up)
+EMBEDDERS = {  # for the build-start table: the benchmark's embedder and a BERT-base-sized one
+    "bench (hidden 128, 2 layers)": dict(parse_config_overrides(MODEL), vocab_size=4000),
+    "BERT-base": dict(vocab_size=30522, retriever_proj_size=128),
+}
 
 
 class StepTimer(TrainerCallback):
@@ -125,11 +139,31 @@ def swap_rows(run: dict, mean_step: float) -> list[str]:
     return rows
 
 
+def build_start_on_step(config: dict, repeats: int, work: Path) -> dict[str, float]:
+    """Median seconds the training step spends starting a build: previously (deep copy, save, builder start) and now
+    (clone into the previous snapshot's buffers). The started process is `python -c pass`."""
+    embedder = RealmEmbedder(RealmConfig(**config))
+    previous, now, clones = [], [], clone_tensors(embedder)
+    for repeat in range(repeats):
+        started = time.perf_counter()
+        snapshot = copy.deepcopy(embedder).eval().requires_grad_(False)
+        snapshot.save_pretrained(work / f"snapshot-{repeat}")
+        process = subprocess.Popen([sys.executable, "-c", "pass"])
+        previous.append(time.perf_counter() - started)
+        process.wait()
+        started = time.perf_counter()
+        clones = clone_tensors(embedder, into=clones)
+        now.append(time.perf_counter() - started)
+    params = sum(p.numel() for p in embedder.parameters())
+    return {"params": params, "previous": statistics.median(previous), "now": statistics.median(now)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--output", default=None, help="work folder (default: a temporary one)")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of the build-start timing (default 3)")
     args = parser.parse_args()
     root = Path(args.output or tempfile.mkdtemp(prefix="bench-pretrain-"))
     corpus = make_corpus(root)
@@ -149,6 +183,17 @@ def main() -> None:
     print("| swap at step | version | staleness (steps) | swap stall | callback at that step boundary | build start |")
     print("|---|---|---|---|---|---|")
     print("\n".join(swap_rows(runs["async"], mean_step)))
+    print("\n| embedder | parameters | build start on the step: previous (copy + save + Popen) | now (clone) |")
+    print("|---|---|---|---|")
+    for name, config in EMBEDDERS.items():
+        cost = build_start_on_step(config, args.repeats, root / "start")
+        row = [
+            name,
+            f"{cost['params'] / 1e6:.1f} M",
+            f"{1000 * cost['previous']:.1f} ms",
+            f"{1000 * cost['now']:.1f} ms",
+        ]
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

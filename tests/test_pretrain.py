@@ -1,6 +1,7 @@
 """REALM pre-training job: the index refresh callback (sync / async in another process / off; Google §4) and the
 Trainer-based job end to end."""
 
+import argparse
 import json
 import os
 import sys
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, TrainerCallback
 
 from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder
 from openrealm.tokenization.corpus import build_corpus, load_corpus
@@ -20,7 +21,14 @@ from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import pretrain
 from openrealm.trainers.index_builder import build_index, list_versions
 from openrealm.trainers.pretraining import RealmPretrainingExamples
-from openrealm.trainers.refresh import SNAPSHOTS_DIR, IndexRefreshCallback
+from openrealm.trainers.refresh import (
+    SNAPSHOTS_DIR,
+    IndexRefreshCallback,
+    clone_tensors,
+    default_builder_device,
+    load_snapshot,
+    snapshot_embedder,
+)
 from openrealm.trainers.synthetic_world import generate_world
 
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16,"
@@ -153,7 +161,7 @@ def test_async_build_runs_in_another_process_without_blocking_the_steps(corpus, 
     steps = Steps(callback, embedder)
     steps.step()
     steps.step()  # step 2 ends: a snapshot is saved and the builder starts
-    builder = callback._build["process"]
+    builder = callback.builder_process(timeout=30)  # started on the callback's background thread
     assert builder.pid != os.getpid() and builder.poll() is None
     assert (tmp_path / "index" / SNAPSHOTS_DIR / "step-2" / "config.json").is_file()
     run_until_swap(steps)
@@ -167,6 +175,72 @@ def test_async_build_runs_in_another_process_without_blocking_the_steps(corpus, 
     # The query embedder of the new pair holds the step-2 weights: saved snapshot == query embedder.
     saved = RealmEmbedder.from_pretrained(tmp_path / "index" / SNAPSHOTS_DIR / "step-2")
     assert weights_equal(saved, examples.query_embedder)
+    callback.close()
+
+
+def test_snapshot_from_reused_clones_holds_the_values_of_the_latest_clone(corpus):
+    embedder = tiny_embedder(AutoTokenizer.from_pretrained(corpus))
+    first = clone_tensors(embedder)
+    perturb(embedder, 0)
+    second = clone_tensors(embedder, into=first)
+    assert all(second[key] is first[key] for key in first)  # overwritten in place, no new memory
+    snapshot = snapshot_embedder(embedder, clones=second)
+    assert weights_equal(snapshot, embedder) and not snapshot.training
+    perturb(embedder, 1)  # training goes on: the snapshot keeps the cloned values
+    assert not weights_equal(snapshot, embedder)
+    assert all(not p.requires_grad for p in snapshot.parameters())
+
+
+def test_snapshot_loaded_onto_the_query_embedder_structure_holds_the_saved_weights(corpus, tmp_path):
+    embedder = tiny_embedder(AutoTokenizer.from_pretrained(corpus))
+    template = snapshot_embedder(embedder)
+    perturb(embedder, 0)
+    embedder.save_pretrained(tmp_path / "snapshot")
+    loaded = load_snapshot(template, tmp_path / "snapshot")
+    assert weights_equal(loaded, embedder) and not weights_equal(template, embedder)
+    assert not loaded.training and all(not p.requires_grad for p in loaded.parameters())
+    state = loaded.state_dict(keep_vars=True)  # the tie the file stores once stays a tie
+    assert state["cls.predictions.decoder.bias"] is state["cls.predictions.bias"]
+
+
+def test_loading_a_snapshot_from_a_folder_without_its_weights_is_an_error(corpus, tmp_path):
+    template = snapshot_embedder(tiny_embedder(AutoTokenizer.from_pretrained(corpus)))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="lacks"):
+        load_snapshot(template, tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    ("num_gpus", "local_world_size", "device"),
+    [(0, 1, "cpu"), (0, 2, "cpu"), (1, 1, "cuda:0"), (8, 8, "cuda:0"), (8, 7, "cuda:7"), (2, 1, "cuda:1")],
+)
+def test_builder_gets_a_gpu_no_training_process_uses_when_there_is_one(num_gpus, local_world_size, device):
+    assert default_builder_device(num_gpus, local_world_size) == device
+
+
+@pytest.mark.slow
+def test_async_snapshot_holds_the_parameters_of_its_step_while_training_goes_on(corpus, tmp_path):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2)
+    start_builder = callback._start_builder
+
+    def late_start(*args):  # the background thread gets to the snapshot only after more training steps
+        time.sleep(0.5)
+        return start_builder(*args)
+
+    callback._start_builder = late_start
+    steps = Steps(callback, embedder)
+    steps.step()
+    steps.step()  # step 2 ends: only the parameters are cloned on the step
+    at_step_2 = {name: tensor.clone() for name, tensor in embedder.state_dict().items()}
+    for _ in range(3):
+        steps.step()  # the optimiser stand-in changes the embedder in place meanwhile
+    callback.builder_process(timeout=30)
+    saved = RealmEmbedder.from_pretrained(tmp_path / "index" / SNAPSHOTS_DIR / "step-2")
+    assert all(torch.equal(saved.state_dict()[name], value) for name, value in at_step_2.items())
+    assert not weights_equal(saved, embedder)
+    run_until_swap(steps)
+    assert weights_equal(examples.query_embedder, saved) and not examples.query_embedder.training
+    assert all(not p.requires_grad for p in examples.query_embedder.parameters())
     callback.close()
 
 
@@ -218,3 +292,25 @@ def test_pretraining_job_logs_realm_metrics_and_saves_loadable_towers(corpus, tm
         AutoTokenizer.from_pretrained(output / "embedder").get_vocab()
         == AutoTokenizer.from_pretrained(corpus).get_vocab()
     )
+
+
+class StepRecorder(TrainerCallback):
+    """Records the global step at each step end."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+def test_extra_callbacks_passed_to_run_see_every_step(corpus, tmp_path):
+    parser = argparse.ArgumentParser()
+    pretrain.add_arguments(parser)
+    argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(tmp_path / "out")]
+    argv += ["--max-steps", "3", "--refresh-every", "2", "--refresh-mode", "off", "--batch-size", "2"]
+    argv += ["--config-overrides", TINY, "--no-progress", "--index-batch-size", "32"]
+    recorder = StepRecorder()
+    assert pretrain.run(parser.parse_args(argv), callbacks=[recorder]) == 0
+    assert recorder.steps == [1, 2, 3]
+    assert json.loads((tmp_path / "out" / "pretraining.json").read_text())["max_steps"] == 3

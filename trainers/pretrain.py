@@ -33,6 +33,13 @@ pair of refresh_state.json before training continues.
 `--push-to-hub REPO` uploads embedder/, encoder/ and scorer/ to three repos REPO-embedder, REPO-encoder, REPO-scorer
 (each loadable with `from_pretrained(repo)`), with their model cards.
 
+Several processes (`accelerate launch --multi_gpu --num_processes N -m openrealm train pretrain ...`; on a CPU-only
+machine too, as DDP over gloo): DDP through the Trainer; index v0 is embedded sharded and written by rank 0; the refresh
+callback makes every rank swap to the same index version at the same step (see trainers/refresh.py); checkpoints go
+through one staging folder shared by the ranks (each adds its rng state) and rank 0 alone writes the rest, as it alone
+writes the output folders, the others waiting at barriers. Each rank writes OUTPUT/refresh/rank-R.json: the
+(first step, index version) pairs it trained with and its batches were collated from, its swaps, peak memory.
+
 Departures from Google's code: the DataLoader runs in the training process (dataloader_num_workers=0) because the
 collator's examples object is the one the refresh callback updates (Google runs separate example-generator servers).
 """
@@ -46,11 +53,11 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
 from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
@@ -78,6 +85,7 @@ REFRESH_STATE_NAME = "refresh_state.json"
 QUERY_EMBEDDER_DIR = "query_embedder"
 STAGING_PREFIX = ".staging-"
 TOWERS = ("embedder", "encoder", "scorer")
+RANK_RECORDS_DIR = "refresh"  # OUTPUT/refresh/rank-R.json: the index versions each process used, by step
 
 
 class PretrainingCollator:
@@ -113,6 +121,7 @@ class RealmPretrainingTrainer(Trainer):
         self._sums: Counter = Counter()
         self._steps = 0
         self._batch_index_version = -1
+        self.batch_index_versions: list[tuple[int, int]] = []  # (first step whose batch used a version, version)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
@@ -121,6 +130,8 @@ class RealmPretrainingTrainer(Trainer):
         self._sums["num_skipped_queries"] += extras["num_skipped"] or 0
         if extras["index_version"] is not None:
             self._batch_index_version = extras["index_version"]
+            if not self.batch_index_versions or self.batch_index_versions[-1][1] != self._batch_index_version:
+                self.batch_index_versions.append((self.state.global_step + 1, self._batch_index_version))
         if not bool((inputs["labels"] != -100).any()):
             # Every query of the batch was dropped or skipped: no token to predict, a zero loss keeps the step.
             self._sums["num_empty_batches"] += 1
@@ -152,11 +163,17 @@ class RealmPretrainingTrainer(Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint plus the REALM folders, written into OUTPUT/.staging-checkpoint-N-*/ and renamed
         to OUTPUT/checkpoint-N once complete (the Trainer writes into the final name directly: a kill mid-save would
-        leave a checkpoint-N that get_last_checkpoint picks); then rotation, and pruning of unused index versions."""
+        leave a checkpoint-N that get_last_checkpoint picks); then rotation, and pruning of unused index versions.
+
+        Several processes: the staging folder has a fixed name, so every rank writes into the same one (each rank its
+        rng_state_R.pth); the main process alone writes the rest and renames, between barriers."""
         run_dir = Path(self._get_output_dir(trial=trial))
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{name}-", dir=run_dir))
+        staging = run_dir / f"{STAGING_PREFIX}{name}"
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving this step
+            staging.mkdir(parents=True)
+        self.accelerator.wait_for_everyone()
         output_dir, limit = self.args.output_dir, self.args.save_total_limit
         try:
             # Trainer saves into _get_output_dir(trial)/checkpoint-N: point it at the staging folder for this call
@@ -165,6 +182,7 @@ class RealmPretrainingTrainer(Trainer):
             super()._save_checkpoint(model, trial)
         finally:
             self.args.output_dir, self.args.save_total_limit = output_dir, limit
+        self.accelerator.wait_for_everyone()
         try:
             if self.args.should_save:
                 if self.checkpoint_extras is not None:
@@ -183,7 +201,9 @@ class RealmPretrainingTrainer(Trainer):
                     self.refresh.protected_versions = checkpoint_index_versions(run_dir)
                     self.refresh.prune_versions()
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)
+            self.accelerator.wait_for_everyone()
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
@@ -251,13 +271,34 @@ def check_models(embedder, encoder, tokenizer, embedder_name: str, encoder_name:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def initial_index(args: argparse.Namespace, embedder, index_root: Path):
-    """`--index ROOT` (newest version) or version 0 built from the initial embedder into index_root."""
+def initial_index(args: argparse.Namespace, embedder, index_root: Path, accelerator=None):
+    """`--index ROOT` (newest version) or version 0 built from the initial embedder into index_root. accelerator: the
+    PartialState of several processes: each embeds its share, the main one writes, every one gets the index."""
     if args.index:
         return load_index(args.index)
     return build_index(
-        embedder, args.corpus, index_root, version=0, keep=3, batch_size=args.index_batch_size, progress=False
+        embedder,
+        args.corpus,
+        index_root,
+        version=0,
+        keep=3,
+        batch_size=args.index_batch_size,
+        progress=False,
+        accelerator=accelerator,
     )
+
+
+def runs_on_cpu_processes() -> bool:
+    """Several processes launched (accelerate launch / torchrun) on a machine without a GPU: DDP over gloo on CPU.
+    (`accelerate launch --cpu` starts a single process; `--multi_gpu` with no GPU visible starts N CPU processes.)"""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+
+
+def distributed_state():
+    """accelerate's PartialState of this launch (initialises torch.distributed: gloo on CPU, NCCL on GPUs)."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=runs_on_cpu_processes())
 
 
 def checkpoint_index_versions(run_dir: str | os.PathLike) -> set[int]:
@@ -356,8 +397,17 @@ def remove_stale_staging(output: str | os.PathLike) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def build_trainer(args: argparse.Namespace, embedder, encoder, tokenizer, blocks, index) -> RealmPretrainingTrainer:
-    """The Trainer with its collator, model and refresh callback (Google's optimiser, as trainers/ict.py)."""
+def build_trainer(
+    args: argparse.Namespace,
+    embedder,
+    encoder,
+    tokenizer,
+    blocks,
+    index,
+    callbacks: Sequence[TrainerCallback] | None = None,
+) -> RealmPretrainingTrainer:
+    """The Trainer with its collator, model and refresh callback (Google's optimiser, as trainers/ict.py); callbacks:
+    more TrainerCallbacks, added after the refresh callback (so they see each step's index swap)."""
     from transformers import TrainingArguments
 
     embedder.to("cuda" if torch.cuda.is_available() else "cpu")
@@ -373,6 +423,7 @@ def build_trainer(args: argparse.Namespace, embedder, encoder, tokenizer, blocks
         args.refresh_every,
         args.refresh_mode,
         snapshot_time=time.time(),
+        builder_device=getattr(args, "builder_device", None),
         build_kwargs={"batch_size": args.index_batch_size},
     )
     warmup = google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps
@@ -399,6 +450,7 @@ def build_trainer(args: argparse.Namespace, embedder, encoder, tokenizer, blocks
         remove_unused_columns=False,  # the collator reads corpus columns the model does not take
         label_names=["labels"],
         bf16=args.bf16,
+        use_cpu=runs_on_cpu_processes(),  # DDP over gloo when several processes run without a GPU
         report_to=args.report_to,
         disable_tqdm=args.no_progress,
     )
@@ -408,7 +460,7 @@ def build_trainer(args: argparse.Namespace, embedder, encoder, tokenizer, blocks
         args=training_args,
         train_dataset=blocks,
         data_collator=PretrainingCollator(masker, examples),
-        callbacks=[refresh],
+        callbacks=[refresh, *(callbacks or ())],
         refresh=refresh,
     )
     if args.index:  # version 0 in use lives in --index, not in index_root
@@ -471,6 +523,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", default=None, help="existing index root built from --embedder (default: build v0)")
     parser.add_argument("--index-root", default=None, help="where index versions go (default OUTPUT/index)")
     parser.add_argument("--index-batch-size", type=int, default=128, help="blocks per forward pass when indexing")
+    parser.add_argument(
+        "--builder-device",
+        default=None,
+        help="device of the async index builder (default: a GPU no training process uses, else cuda:0, else cpu)",
+    )
     parser.add_argument("--batch-size", type=int, default=4, help="queries per step (Google local: 4, paper: 512)")
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="peak AdamW lr (default 3e-5)")
     parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
@@ -498,60 +555,102 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hub-private", action="store_true", help="create the Hub repos private")
 
 
-def run(args: argparse.Namespace) -> int:
-    """`openrealm train pretrain`: build index v0, train with refreshes, save embedder/ and encoder/."""
+def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = None) -> int:
+    """`openrealm train pretrain`: build index v0, train with refreshes, save embedder/ and encoder/.
+
+    Under `accelerate launch` (N processes) every rank runs this: index v0 is embedded sharded and written by rank 0,
+    every rank trains its share of each batch (DDP) and swaps index versions at the same steps; rank 0 alone writes
+    checkpoints' shared files and the output folders, the others wait at barriers. Each rank writes
+    OUTPUT/refresh/rank-R.json: the index versions it used, from which step (equal across ranks), its peak memory.
+    callbacks: more TrainerCallbacks for the Trainer (build_trainer). Returns 0; the summary is in
+    OUTPUT/pretraining.json."""
     from transformers import AutoTokenizer
 
+    state = distributed_state()
+    world = state.num_processes
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
-    blocks = load_corpus(args.corpus)
+    blocks = load_corpus(args.corpus)  # memory-mapped Arrow: the ranks share its pages
     overrides = parse_config_overrides(args.config_overrides)
     embedder = load_embedder(args.embedder, tokenizer, overrides, args.seed)
     encoder = load_encoder(args.encoder, tokenizer, overrides, args.seed)
     check_models(embedder, encoder, tokenizer, args.embedder, args.encoder)
-    remove_stale_staging(args.output)
+    if state.is_main_process:
+        remove_stale_staging(args.output)
+    state.wait_for_everyone()
     checkpoint = resolve_checkpoint(getattr(args, "resume_from_checkpoint", None), args.output)
     if checkpoint is None:
-        index = initial_index(args, embedder, Path(args.index_root or Path(args.output) / "index"))
+        index_root = Path(args.index_root or Path(args.output) / "index")
+        index = initial_index(args, embedder, index_root, accelerator=state if world > 1 else None)
     else:
         index = checkpoint_index(checkpoint)
-    trainer = build_trainer(args, embedder, encoder, tokenizer, blocks, index)
+    trainer = build_trainer(args, embedder, encoder, tokenizer, blocks, index, callbacks=callbacks)
     if checkpoint is not None:
-        state = restore_refresh_state(checkpoint, trainer.refresh, index)
+        restored = restore_refresh_state(checkpoint, trainer.refresh, index)
         trainer.refresh.protected_versions = checkpoint_index_versions(args.output)
-        print(
-            f"REALM pre-training: resuming from {checkpoint} (step {state['step']}, index v{state['index_version']})"
-        )
+        if state.is_main_process:
+            print(
+                f"REALM pre-training: resuming from {checkpoint} (step {restored['step']}, "
+                f"index v{restored['index_version']})"
+            )
     result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     final = trainer.pretraining_metrics()
-    summary = {
-        "corpus": str(args.corpus),
-        "embedder": args.embedder,
-        "encoder": args.encoder,
-        "max_steps": args.max_steps,
-        "batch_size": args.batch_size,
-        "learning_rate": args.learning_rate,
-        "refresh_mode": args.refresh_mode,
-        "refresh_every": args.refresh_every,
-        "num_candidates": args.num_candidates,
-        "spans": args.spans,
-        "seed": args.seed,
-        "num_blocks": len(blocks),
-        "resumed_from": str(checkpoint) if checkpoint is not None else None,
-        "train_loss": result.training_loss,
-        "index_swaps": trainer.refresh.swaps,
-        "index_build_failures": len(trainer.refresh.failures),
-        "final": final,
-        "log_history": trainer.state.log_history,
-    }
-    save_models(trainer.accelerator.unwrap_model(trainer.model), tokenizer, args.output, summary)
-    print(
-        f"REALM pre-training: saved embedder/, encoder/ and scorer/ to {args.output} "
-        f"(train loss {result.training_loss:.4f})"
-    )
-    if getattr(args, "push_to_hub", None):
-        pushed = push_to_hub(args.output, args.push_to_hub, private=args.hub_private)
-        print("REALM pre-training: pushed " + ", ".join(f"{k} -> {v}" for k, v in pushed.items()))
+    write_rank_record(trainer, args.output)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        summary = {
+            "corpus": str(args.corpus),
+            "embedder": args.embedder,
+            "encoder": args.encoder,
+            "max_steps": args.max_steps,
+            "batch_size": args.batch_size,
+            "num_processes": world,
+            "learning_rate": args.learning_rate,
+            "refresh_mode": args.refresh_mode,
+            "refresh_every": args.refresh_every,
+            "num_candidates": args.num_candidates,
+            "spans": args.spans,
+            "seed": args.seed,
+            "num_blocks": len(blocks),
+            "resumed_from": str(checkpoint) if checkpoint is not None else None,
+            "train_loss": result.training_loss,
+            "index_swaps": trainer.refresh.swaps,
+            "index_build_failures": len(trainer.refresh.failures),
+            "final": final,
+            "log_history": trainer.state.log_history,
+        }
+        save_models(trainer.accelerator.unwrap_model(trainer.model), tokenizer, args.output, summary)
+        print(
+            f"REALM pre-training: saved embedder/, encoder/ and scorer/ to {args.output} "
+            f"(train loss {result.training_loss:.4f})"
+        )
+        if getattr(args, "push_to_hub", None):
+            pushed = push_to_hub(args.output, args.push_to_hub, private=args.hub_private)
+            print("REALM pre-training: pushed " + ", ".join(f"{k} -> {v}" for k, v in pushed.items()))
+    state.wait_for_everyone()
     return 0
+
+
+def write_rank_record(trainer: RealmPretrainingTrainer, output: str | os.PathLike) -> Path:
+    """OUTPUT/refresh/rank-R.json: this process's (first step, index version) pairs, as the refresh callback swapped
+    them and as the batches were collated, its swaps and its peak resident memory (MiB)."""
+    import resource
+
+    refresh = trainer.refresh
+    rank, world = trainer.args.process_index, trainer.args.world_size
+    path = Path(output) / RANK_RECORDS_DIR / f"rank-{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "rank": rank,
+        "world_size": world,
+        "index_versions": [list(pair) for pair in refresh.versions_by_step],
+        "batch_index_versions": [list(pair) for pair in trainer.batch_index_versions],
+        "swaps": [{k: v for k, v in swap.items() if k != "stall_seconds"} for swap in refresh.swaps],
+        "stall_seconds": [round(swap["stall_seconds"], 5) for swap in refresh.swaps],
+        "index_memory_mapped": bool(getattr(refresh.examples.index, "is_memory_mapped", False)),
+        "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    write_json_atomic(path, record)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,30 +4,41 @@
 index) of a `RealmPretrainingExamples` up to date with the training embedder:
 
 - `mode="async"` (default, as REALM): every `refresh_every` steps, or as soon as the previous build has ended when a
-  build takes longer than that, the trainer's embedder is copied (eval mode, no gradients), saved to
-  `index_root/.snapshots/step-N/` and a builder process (`python -m openrealm.trainers.index_builder`) embeds the corpus
-  with it into `index_root/vNNNNNN/`. The trainer never waits: at each step boundary (`on_step_begin`) the builder is
-  polled; once it has exited 0 the new index and its snapshot replace the old pair together; when it fails, its log
-  tail is reported, the old index stays, and the next step end starts a new build from a fresh snapshot.
-- `mode="sync"`: every `refresh_every` steps the index is rebuilt in the training process (the trainer stalls for the
-  whole build) and swapped at once: no staleness beyond `refresh_every`, useful as the reference for async.
+  build takes longer than that, the trainer's embedder parameters are cloned on the step (a device copy: exactly that
+  step's values); a background thread makes the snapshot module from the clones (eval mode, no gradients), saves it to
+  `index_root/.snapshots/step-N/` and starts a builder process (`python -m openrealm.trainers.index_builder`) that
+  embeds the corpus with it into `index_root/vNNNNNN/`. The trainer never waits: at each step boundary
+  (`on_step_begin`) the builder is polled; once it has exited 0 the new index (memory-mapped) and the saved snapshot
+  are loaded on the background thread, and at the first step boundary after that they replace the old pair together;
+  when the build fails, its log tail is reported, the old index stays, and the next step end starts a new build from a
+  fresh snapshot.
+- `mode="sync"`: every `refresh_every` steps the index is rebuilt (the trainer stalls for the whole build; with several
+  processes each embeds its share of the blocks) and swapped at once: no staleness beyond `refresh_every`, useful as
+  the reference for async.
 - `mode="off"`: the index built before training is kept (the stale-index ablation).
 
 Logged (merged into the Trainer's log entries by `on_log`, and returned by `metrics(step)`): `index_version`,
 `index_staleness_steps` (steps since the snapshot behind the index in use was taken), `index_staleness_seconds`,
-`refresh_stall_seconds` (time the trainer spent in the last swap and pruning: for sync the whole build),
-`refresh_build_start_seconds` (time the last async build start took on its step: snapshot copy, save, process start),
-`index_builds_started`,
-`index_builds_failed`. Each swap is also recorded in `self.swaps` (step, version, snapshot step, stall). The newest
-`keep` (3, as Google's refresher) versions are kept on disk, and the snapshots behind them, plus the version in use and
-those in `protected_versions` (the versions that kept training checkpoints resume with); the callback prunes after each
-swap (builds themselves prune nothing, so a protected version is never deleted by a builder).
+`refresh_stall_seconds` (time the trainer spent in the last swap: for sync the whole build; async pruning of old
+versions runs on the background thread), `refresh_build_start_seconds` (time the last async build start took on its
+training step: the parameter clone; the module copy, save and process start run on the background thread),
+`index_builds_started`, `index_builds_failed`. Each swap is also recorded in `self.swaps` (step, version, snapshot
+step, stall). The newest `keep` (3, as Google's refresher) versions are kept on disk, and the snapshots behind them,
+plus the version in use and those in `protected_versions` (the versions that kept training checkpoints resume with);
+the callback prunes after each swap (builds themselves prune nothing, so a protected version is never deleted by a
+builder).
 
 Checkpoints: `checkpoint_state()` is what a training checkpoint records (index version in use, its snapshot step and
 time, index_root, counters; JSON-safe) and `restore(state, query_embedder, index)` puts a run back on that pair.
 
-This callback runs in one training process. Under multi-process training the processes must agree on when to swap
-(every rank's examples need the same index version); that coordination comes with the multi-process pre-training work.
+Several processes (DDP under `accelerate launch`): every rank has its own callback and examples, and every rank uses
+the same index version from the same step on. Rank 0 owns the async builder. At every step boundary the ranks all-reduce
+one small CPU vector (over gloo; a separate gloo group when training runs on NCCL, so no GPU sync): rank 0 announces a
+built version, each rank then loads it from disk on its background thread (the index memory-mapped: the ranks share its
+pages; the query embedder from the saved snapshot), and all ranks swap at the first boundary where every rank has it
+loaded. Only rank 0 writes (snapshots, versions, pruning). `versions_by_step` records (first step, version) on each
+rank. In sync mode every rank snapshots its (DDP-identical) embedder, the ranks agree on the version number, each embeds
+its share (index_builder shards over the processes), rank 0 writes the version and every rank swaps to it.
 
 Departures from Google's code (spec §4):
 - The refresh is triggered by the step count (`refresh_every`) rather than by the checkpoint-export cadence, and the
@@ -41,13 +52,16 @@ Departures from Google's code (spec §4):
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -67,14 +81,92 @@ DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROU
 BuilderCommand = Callable[[Path, int], Sequence[str]]
 
 
-def snapshot_embedder(embedder: torch.nn.Module, device: str | torch.device | None = None) -> torch.nn.Module:
-    """A frozen copy of the embedder (eval mode, no gradients) on device (default: where the embedder is)."""
-    snapshot = copy.deepcopy(embedder)
+def clone_tensors(module: torch.nn.Module, into: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+    """id(parameter or buffer) -> a detached copy on its device (a tensor shared by two names is copied once).
+
+    On a GPU the copies are queued on the current stream, before the next optimiser step: they hold this step's values
+    without a host sync; `snapshot_embedder(..., clones=...)` builds the module around them, on any thread.
+    into: what a previous call returned for the same module, no longer in use: its tensors are overwritten in place
+    (on CPU, fresh memory for a large model costs page faults on the training step: BERT-base's 0.5 GB took 0.35-2.8 s
+    on a loaded 2-core machine)."""
+    clones: dict[int, torch.Tensor] = {}
+    with _one_intra_op_thread():
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            key = id(tensor)
+            if key in clones:
+                continue
+            target = (into or {}).get(key)
+            if target is not None and target.shape == tensor.shape and target.dtype == tensor.dtype:
+                with torch.no_grad():
+                    clones[key] = target.copy_(tensor.detach())
+                continue
+            copy_ = tensor.detach().clone()
+            is_parameter = isinstance(tensor, torch.nn.Parameter)
+            clones[key] = torch.nn.Parameter(copy_, requires_grad=False) if is_parameter else copy_
+    return clones
+
+
+@contextmanager
+def _one_intra_op_thread() -> Iterator[None]:
+    """CPU copies with one intra-op thread. They are memory-bound, so more threads gain little; and with more runnable
+    threads than cores each copy waits at an OpenMP barrier for a descheduled thread (a 6 MB clone: 36 ms with 2
+    threads, 1 ms with 1, on a loaded 2-core machine). GPU copies do not use these threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def snapshot_embedder(
+    embedder: torch.nn.Module, device: str | torch.device | None = None, clones: dict[int, torch.Tensor] | None = None
+) -> torch.nn.Module:
+    """A frozen copy of the embedder (eval mode, no gradients) on device (default: where the embedder is).
+
+    clones: `clone_tensors(embedder)` taken earlier; the copy then holds those values (deepcopy's memo maps each
+    original tensor to its clone, so the embedder's tensors, which may be changing meanwhile, are never read)."""
+    snapshot = copy.deepcopy(embedder, dict(clones or {}))
     if device is not None:
         snapshot.to(device)
     snapshot.eval()
     snapshot.requires_grad_(False)
     return snapshot
+
+
+def default_builder_device(num_gpus: int | None = None, local_world_size: int | None = None) -> str:
+    """The async builder's device: with more visible GPUs than training processes on this machine (which use cuda:0 ..
+    cuda:N-1), the first free one (cuda:N); else cuda:0, shared with local rank 0; cpu without a GPU."""
+    num_gpus = torch.cuda.device_count() if num_gpus is None else num_gpus
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if num_gpus == 0:
+        return "cpu"
+    return f"cuda:{local_world_size}" if num_gpus > local_world_size else "cuda:0"
+
+
+def load_snapshot(
+    template: torch.nn.Module, folder: str | os.PathLike, device: str | torch.device | None = None
+) -> torch.nn.Module:
+    """A frozen embedder with template's structure (deep-copied; its tensors are not read) and the weights saved in
+    folder/*.safetensors, on device. Used on the refresh's background thread instead of `from_pretrained`, which
+    changes process-wide torch state while it builds a model (default dtype, patched creation ops)."""
+    from safetensors.torch import load_file
+
+    saved: dict[str, torch.Tensor] = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        saved.update(load_file(path))
+    state = template.state_dict(keep_vars=True)
+    clones: dict[int, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name in saved and id(tensor) not in clones:  # tied tensors are saved under one of their names
+            value = saved[name].to(tensor.dtype)
+            is_parameter = isinstance(tensor, torch.nn.Parameter)
+            clones[id(tensor)] = torch.nn.Parameter(value, requires_grad=False) if is_parameter else value
+    missing = [name for name, tensor in state.items() if id(tensor) not in clones]
+    if missing:
+        raise ValueError(f"the snapshot in {folder} lacks {missing[:4]}: not saved from this embedder architecture")
+    return snapshot_embedder(template, device, clones)
 
 
 class IndexRefreshCallback(TrainerCallback):
@@ -85,7 +177,8 @@ class IndexRefreshCallback(TrainerCallback):
     index in use may come from elsewhere; new versions number from max(in use, on disk) + 1).
     snapshot_step / snapshot_time: when the snapshot behind the current index was taken (training step, time.time()).
     device: where snapshots live and sync builds run (default: the training embedder's device).
-    builder_device: `--device` of the async builder process (default cuda when available, else cpu).
+    builder_device: `--device` of the async builder process (default `default_builder_device()`: a GPU no training
+    process of this machine uses when there is one, else cuda:0 shared with rank 0, else cpu).
     builder_command: (snapshot folder, version) -> argv of the async builder; default `index_builder_command`.
     build_kwargs: extra keyword arguments of `build_index` (sync) / options of the builder (async): index_type,
     batch_size.
@@ -118,7 +211,7 @@ class IndexRefreshCallback(TrainerCallback):
         self.mode = mode
         self.keep = keep
         self.device = device
-        self.builder_device = builder_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.builder_device = builder_device or default_builder_device()
         self.builder_command = builder_command or self.index_builder_command
         self.build_kwargs = dict(build_kwargs or {})
         self.snapshot_step = snapshot_step
@@ -127,12 +220,17 @@ class IndexRefreshCallback(TrainerCallback):
         self.builds_started = 0
         self.builds_failed = 0
         self.stall_seconds = 0.0
-        self.build_start_seconds = 0.0  # time the last async build start took from its training step
+        self.build_start_seconds = 0.0  # time the last async build start took on its training step
         self.swaps: list[dict] = []
         self.failures: list[dict] = []
+        self.versions_by_step: list[tuple[int, int]] = []  # (first step run with a version, that version)
         self.protected_versions: set[int] = set()  # index versions pruning must keep (used by kept checkpoints)
         self.index_in_use_root = self.index_root  # the root of the index in use (set it when that came from elsewhere)
-        self._build: dict | None = None  # the running async build: process, version, snapshot, log, step, time
+        self._build: dict | None = None  # main process: the running async build (start future, version, snapshot, ...)
+        self._pending: dict | None = None  # every process: the built version being loaded, swapped in once all have it
+        self._clones: dict[int, torch.Tensor] | None = None  # the tensors of the last snapshot, reused
+        self._executor: ThreadPoolExecutor | None = None  # snapshot save + builder start, and index loading
+        self._group = None  # the process group the swap decision is reduced over (gloo: CPU tensors, no device sync)
 
     # -- state ---------------------------------------------------------------------------------------------------------
 
@@ -142,7 +240,11 @@ class IndexRefreshCallback(TrainerCallback):
 
     @property
     def building(self) -> bool:
-        return self._build is not None
+        return self._build is not None or self._pending is not None
+
+    @property
+    def is_main_process(self) -> bool:
+        return _rank_and_world()[0] == 0
 
     def metrics(self, global_step: int) -> dict[str, float]:
         """The refresh metrics at a training step."""
@@ -164,17 +266,29 @@ class IndexRefreshCallback(TrainerCallback):
 
     # -- Trainer events ------------------------------------------------------------------------------------------------
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        world = _rank_and_world()[1]
+        if world > 1 and self.mode != "off" and self._group is None:
+            # Every rank calls on_train_begin: the one place to create a group collectively. With NCCL training the
+            # per-step swap decision goes over gloo, so it never waits for the GPU.
+            backend = torch.distributed.get_backend()
+            self._group = (
+                torch.distributed.group.WORLD if backend == "gloo" else torch.distributed.new_group(backend="gloo")
+            )
+
     def on_step_begin(self, args, state, control, **kwargs):
-        if self.mode == "async" and self._build is not None:
+        if self.mode == "async":
             self.poll(state.global_step)
+        if not self.versions_by_step or self.versions_by_step[-1][1] != self.index_version:
+            self.versions_by_step.append((state.global_step + 1, self.index_version))
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if not self._due(state.global_step) or self._build is not None:
+        if not self._due(state.global_step):
             return
         embedder = _unwrap(model).embedder
         if self.mode == "sync":
             self.refresh_sync(embedder, state.global_step)
-        else:
+        elif self.is_main_process and not self.building:  # the main process owns the builder
             self.start_build(embedder, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -192,11 +306,19 @@ class IndexRefreshCallback(TrainerCallback):
     # -- sync ----------------------------------------------------------------------------------------------------------
 
     def refresh_sync(self, embedder: torch.nn.Module, global_step: int) -> None:
-        """Snapshot, build the next version in this process, swap: the trainer waits for all of it."""
+        """Snapshot, build the next version, swap: the trainer waits for all of it. Under several processes every rank
+        calls this at the same step: each embeds its share of the blocks (index_builder shards), the main process
+        writes the version, every rank swaps to it."""
         started = time.perf_counter()
         snapshot = snapshot_embedder(embedder, self.device)
         snapshot_time = time.time()
-        version = self.next_version()
+        rank, world = _rank_and_world()
+        accelerator = None
+        if world > 1:
+            from accelerate import PartialState
+
+            accelerator = PartialState()
+        version = self._agree_on_version(self.next_version() if rank == 0 else -1)
         self.builds_started += 1
         self.last_build_step = global_step
         index = build_index(
@@ -205,11 +327,24 @@ class IndexRefreshCallback(TrainerCallback):
             self.index_root,
             version=version,
             keep=None,  # pruned by the callback, which knows the protected versions
+            accelerator=accelerator,
             progress=False,
             **self.build_kwargs,
         )
+        # Every rank maps the written version (the builder's in-memory copy on the main process is dropped): the
+        # ranks share its pages instead of each holding the embeddings.
+        index = load_index(self.index_root, index.version)
         self._swap(snapshot, index, global_step, global_step, snapshot_time, started)
-        self.prune_versions()
+        if rank == 0:
+            self.prune_versions()
+
+    def _agree_on_version(self, version: int) -> int:
+        """The main process's version number, on every process."""
+        if _rank_and_world()[1] == 1:
+            return version
+        value = torch.tensor([version], dtype=torch.int64)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=self._group_or_world())
+        return int(value)
 
     # -- async ---------------------------------------------------------------------------------------------------------
 
@@ -238,78 +373,176 @@ class IndexRefreshCallback(TrainerCallback):
         return command
 
     def start_build(self, embedder: torch.nn.Module, global_step: int) -> None:
-        """Save a snapshot of the embedder and start a builder process for the next version (does not wait).
+        """Snapshot the embedder and start a builder process for the next version (does not wait).
 
-        The snapshot copy and save happen on the training step (logged as refresh_build_start_seconds)."""
-        start_started = time.perf_counter()
-        snapshot = snapshot_embedder(embedder, self.device)
+        On the training step only the parameters are copied (a device-side clone: they are exactly this step's
+        parameters, whatever the optimiser does next); building the snapshot module from them, saving it and starting
+        the builder process happen on a background thread (logged: refresh_build_start_seconds = the part on the step).
+        """
+        started = time.perf_counter()
+        # The clones are reused from build to build: the previous snapshot module built around them was dropped once
+        # saved (every rank, this one included, loads the query embedder of a version from its saved snapshot).
+        self._clones = clones = clone_tensors(embedder, self._clones)
         snapshot_time = time.time()
         snapshot_dir = self.index_root / SNAPSHOTS_DIR / f"step-{global_step}"
-        if snapshot_dir.exists():  # a failed build of the same step: start clean
-            shutil.rmtree(snapshot_dir)
-        snapshot.save_pretrained(snapshot_dir)
         version = self.next_version()
-        log_path = snapshot_dir / "build.log"
-        env = {key: value for key, value in os.environ.items() if key not in DISTRIBUTED_ENV}
-        with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would block the builder
-            process = subprocess.Popen(
-                list(self.builder_command(snapshot_dir, version)), stdout=log, stderr=subprocess.STDOUT, env=env
-            )
+        command = list(self.builder_command(snapshot_dir, version))
+        start = self._background().submit(self._start_builder, embedder, clones, snapshot_dir, command)
         self.builds_started += 1
         self.last_build_step = global_step
-        self.build_start_seconds = time.perf_counter() - start_started
         self._build = {
-            "process": process,
+            "start": start,  # future -> builder process
             "version": version,
-            "snapshot": snapshot,
             "snapshot_dir": snapshot_dir,
-            "log": log_path,
+            "log": snapshot_dir / "build.log",
             "step": global_step,
             "time": snapshot_time,
         }
-        logger.info(
-            "index refresh: building version %d from the step-%d embedder (pid %d)", version, global_step, process.pid
-        )
+        self.build_start_seconds = time.perf_counter() - started
+
+    def _start_builder(self, embedder, clones: dict, snapshot_dir: Path, command: list[str]) -> subprocess.Popen:
+        """(background thread) The snapshot module from the cloned tensors, saved; the builder process started."""
+        if snapshot_dir.exists():  # a failed build of the same step: start clean
+            shutil.rmtree(snapshot_dir)
+        snapshot_embedder(embedder, clones=clones).save_pretrained(snapshot_dir)
+        env = {key: value for key, value in os.environ.items() if key not in DISTRIBUTED_ENV}
+        with open(snapshot_dir / "build.log", "wb") as log:  # a file, not a pipe: a full pipe would block the builder
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        logger.info("index refresh: building version %s with %s (pid %d)", command, snapshot_dir, process.pid)
+        return process
+
+    def builder_process(self, timeout: float | None = None) -> subprocess.Popen | None:
+        """The running builder process (waits up to `timeout` s for the background start); None when none runs."""
+        build = self._build
+        return build["start"].result(timeout=timeout) if build is not None else None
 
     def poll(self, global_step: int) -> bool:
-        """Check the running build without waiting; swap in its index when it succeeded. True when a swap happened."""
-        build = self._build
-        if build is None or build["process"].poll() is None:
+        """The swap decision at a step boundary, without waiting for a build. True when a swap happened.
+
+        The main process checks its builder; once it has exited 0, every process loads the new version (index,
+        memory-mapped, and the query embedder snapshot) on a background thread; the processes swap at the first step
+        boundary where all of them have it loaded. The state is all-reduced (MAX) over the processes at every boundary,
+        so every rank takes the same decision at the same step."""
+        rank, world = _rank_and_world()
+        if rank == 0 and self._build is not None and self._pending is None:
+            self._check_build(global_step)
+        announced, snapshot_step, snapshot_time, ready, failed = self._exchange(world)
+        if failed:
+            self._drop_pending(global_step, "loading the new index version failed on some process")
             return False
-        self._build = None
-        code = build["process"].returncode
-        version_dir = self.index_root / version_dir_name(build["version"])
-        if code != 0 or not version_dir.is_dir():
-            self._fail(build, global_step, f"exit status {code}")
+        if announced < 0:
+            return False
+        if self._pending is None or self._pending["version"] != announced or "load" not in self._pending:
+            self._pending = self._load_pending(int(announced), int(snapshot_step), snapshot_time)
+            return False
+        if ready != announced:
             return False
         started = time.perf_counter()
-        try:
-            index = load_index(self.index_root, build["version"])
-        except (OSError, ValueError) as error:  # pruned already or unreadable: keep the index in use
-            self._fail(build, global_step, f"cannot load {version_dir}: {error}")
-            return False
-        self._swap(build["snapshot"], index, global_step, build["step"], build["time"], started)
+        pending, self._pending = self._pending, None
+        snapshot, index = pending["load"].result()
+        self._swap(snapshot, index, global_step, pending["step"], pending["time"], started)
+        if rank == 0:  # deleting folders takes time on a loaded machine: off the training thread too
+            self._background().submit(self._prune_after_swap)
+        return True
+
+    def _prune_after_swap(self) -> None:
         self.prune_versions()
         self._prune_snapshots()
-        # The pruning also happens on the step boundary: count it in the stall.
-        self.stall_seconds = time.perf_counter() - started
-        self.swaps[-1]["stall_seconds"] = self.stall_seconds
-        return True
+
+    def _check_build(self, global_step: int) -> None:
+        """(main process) When the builder has ended: announce its version (success) or record the failure."""
+        build = self._build
+        if not build["start"].done():
+            return
+        if build["start"].exception() is not None:
+            self._build = None
+            self._fail(build, global_step, f"starting the builder failed: {build['start'].exception()!r}")
+            return
+        process = build["start"].result()
+        if process.poll() is None:
+            return
+        self._build = None
+        version_dir = self.index_root / version_dir_name(build["version"])
+        if process.returncode != 0 or not version_dir.is_dir():
+            self._fail(build, global_step, f"exit status {process.returncode}")
+            return
+        self._pending = {"version": build["version"], "step": build["step"], "time": build["time"], "announced": True}
+
+    def _exchange(self, world: int) -> tuple[float, float, float, float, bool]:
+        """(announced version, its snapshot step and time, version every rank has loaded, a load failed), all-reduced.
+
+        One float64 vector, MAX-reduced: the main process announces (others send -1); readiness is reduced as
+        -min(ready) = max(-ready) so the swap waits for the slowest rank."""
+        pending = self._pending
+        announced = pending["version"] if pending is not None and pending.get("announced") else -1
+        ready, failed = -1, False
+        if pending is not None and "load" in pending and pending["load"].done():
+            failed = pending["load"].exception() is not None
+            ready = -1 if failed else pending["version"]
+        local = [
+            announced,
+            pending["step"] if announced >= 0 else -1,
+            pending["time"] if announced >= 0 else -1,
+            -ready,
+            float(failed),
+        ]
+        if world == 1:
+            return local[0], local[1], local[2], -local[3], bool(local[4])
+        values = torch.tensor(local, dtype=torch.float64)
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX, group=self._group_or_world())
+        announced, snapshot_step, snapshot_time, minus_ready, failed = values.tolist()
+        return announced, snapshot_step, snapshot_time, -minus_ready, bool(failed)
+
+    def _load_pending(self, version: int, snapshot_step: int, snapshot_time: float) -> dict:
+        """Start loading an announced version on the background thread: its index (memory-mapped) and its query
+        embedder from the snapshot the builder embedded with, index_root/.snapshots/step-N."""
+        template = self.examples.query_embedder
+        device = self.device or next(template.parameters()).device
+        snapshot_dir = self.index_root / SNAPSHOTS_DIR / f"step-{snapshot_step}"
+
+        def load():
+            return load_snapshot(template, snapshot_dir, device), load_index(self.index_root, version)
+
+        return {
+            "version": version,
+            "step": snapshot_step,
+            "time": snapshot_time,
+            "announced": _rank_and_world()[0] == 0,
+            "load": self._background().submit(load),  # future -> (query embedder, index)
+        }
+
+    def _drop_pending(self, global_step: int, reason: str) -> None:
+        """A rank could not load the announced version: every rank keeps its index; the main process counts a failed
+        build and starts a new one when due."""
+        pending, self._pending = self._pending, None
+        if pending is not None and "load" in pending and pending["load"].exception() is not None:
+            reason = f"{reason}: {pending['load'].exception()!r}"
+        self.builds_failed += 1
+        self.failures.append({"step": global_step, "version": pending and pending["version"], "reason": reason})
+        logger.error("index refresh: %s; keeping index version %d", reason, self.index_version)
 
     def close(self) -> None:
         """Stop a running builder (training ended): its unfinished version is discarded."""
-        build, self._build = self._build, None
-        if build is None:
-            return
-        process = build["process"]
-        if process.poll() is None:
+        build, self._build, self._pending = self._build, None, None
+        if build is not None:
+            self._stop_builder(build)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _stop_builder(self, build: dict) -> None:
+        try:
+            process = build["start"].result()
+        except Exception:  # the start failed: nothing runs
+            process = None
+        if process is not None and process.poll() is None:
             process.terminate()
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if process.returncode == 0:
+        if process is not None and process.returncode == 0:
             return  # it finished: the version stays on disk for later use
         for staging in self.index_root.glob(f".{version_dir_name(build['version'])}.tmp-*"):
             shutil.rmtree(staging, ignore_errors=True)
@@ -329,6 +562,14 @@ class IndexRefreshCallback(TrainerCallback):
             tail,
         )
         shutil.rmtree(build["snapshot_dir"], ignore_errors=True)
+
+    def _background(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="index-refresh")
+        return self._executor
+
+    def _group_or_world(self):
+        return self._group if self._group is not None else torch.distributed.group.WORLD
 
     # -- shared --------------------------------------------------------------------------------------------------------
 
@@ -360,8 +601,9 @@ class IndexRefreshCallback(TrainerCallback):
         keep = set(self.protected_versions)
         if self.index_in_use_root == self.index_root:
             keep.add(self.index_version)
-        if self._build is not None:
-            keep.add(self._build["version"])
+        for build in (self._build, self._pending):
+            if build is not None:
+                keep.add(build["version"])
         versions = list_versions(self.index_root)
         deleted = [v for v in versions[: -self.keep] if v not in keep] if self.keep else []
         for version in deleted:
@@ -377,8 +619,8 @@ class IndexRefreshCallback(TrainerCallback):
             "index_root": str(self.index_in_use_root),
             "snapshot_step": self.snapshot_step,
             "snapshot_time": self.snapshot_time,
-            # A build running now is lost on resume: it is due again from the snapshot in use.
-            "last_build_step": self.snapshot_step if self._build is not None else self.last_build_step,
+            # A build running (or loading) now is lost on resume: it is due again from the snapshot in use.
+            "last_build_step": self.snapshot_step if self.building else self.last_build_step,
             "mode": self.mode,
             "refresh_every": self.refresh_every,
             "builds_started": self.builds_started,
@@ -406,9 +648,16 @@ class IndexRefreshCallback(TrainerCallback):
         if not folder.is_dir():
             return
         steps = sorted(int(p.name.removeprefix("step-")) for p in folder.glob("step-*") if p.name[5:].isdigit())
-        running = self._build["step"] if self._build is not None else None
-        for step in [s for s in steps if s != running][: -self.keep]:
+        running = {build["step"] for build in (self._build, self._pending) if build is not None}
+        for step in [s for s in steps if s not in running][: -self.keep]:
             shutil.rmtree(folder / f"step-{step}", ignore_errors=True)
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the torch.distributed job, (0, 1) outside one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -425,4 +674,11 @@ def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
         return "(no builder log)"
 
 
-__all__ = ["IndexRefreshCallback", "MODES", "snapshot_embedder"]
+__all__ = [
+    "IndexRefreshCallback",
+    "MODES",
+    "clone_tensors",
+    "default_builder_device",
+    "load_snapshot",
+    "snapshot_embedder",
+]

@@ -1,0 +1,145 @@
+"""REALM pre-training under `accelerate launch` with 2 CPU processes (DDP over gloo): every rank uses the same index
+version from the same step on (async and sync refresh), a resumed run restores the checkpoint's index version on every
+rank, and the output folders load. Each rank's OUTPUT/refresh/rank-R.json records (first step, index version) pairs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import test_pretrain
+
+from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
+from openrealm.trainers.index_builder import list_versions
+
+TINY = test_pretrain.TINY
+corpus = test_pretrain.corpus  # the module-scoped synthetic-world corpus fixture
+# `--cpu` would make accelerate start one process; with no visible GPU, --multi_gpu runs torchrun + gloo on CPU.
+LAUNCH = [
+    sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    "--mixed_precision", "no", "--dynamo_backend", "no",
+]  # fmt: skip
+ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+TIMEOUT = 180  # seconds per launch (2 trainers and a builder process share the cores)
+
+# The CLI job plus one callback: stop three steps after the first index swap (the two batches collated ahead still
+# hold the old version). It decides from the rank's own swaps, so the ranks stop at the same step only if they swapped
+# at the same step (otherwise DDP hangs and the launch times out). Each step also sleeps 50 ms: the two trainers leave
+# the cores to the builder process, which ends sooner.
+STOP_AFTER_SWAP = """
+import sys
+import time
+from transformers import TrainerCallback
+from openrealm.trainers import pretrain
+
+class StopAfterSwap(TrainerCallback):
+    def __init__(self, refresh):
+        self.refresh = refresh
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.05)
+        if self.refresh.swaps and state.global_step >= self.refresh.swaps[0]["step"] + 3:
+            control.should_training_stop = True
+
+build_trainer = pretrain.build_trainer
+
+def build_with_stop(*args, **kwargs):
+    trainer = build_trainer(*args, **kwargs)
+    trainer.add_callback(StopAfterSwap(trainer.refresh))
+    return trainer
+
+pretrain.build_trainer = build_with_stop
+sys.exit(pretrain.main(sys.argv[1:]))
+"""
+
+
+def pretrain_argv(corpus_dir: Path, output: Path, mode: str, max_steps: int) -> list[str]:
+    argv = ["--corpus", str(corpus_dir), "--embedder", "random", "--encoder", "random", "--output", str(output)]
+    argv += ["--max-steps", str(max_steps), "--refresh-every", "2", "--refresh-mode", mode, "--batch-size", "2"]
+    return argv + ["--logging-steps", "1", "--config-overrides", TINY, "--no-progress", "--index-batch-size", "32"]
+
+
+def launch(program: list[str], argv: list[str]) -> str:
+    """Run `accelerate launch PROGRAM ARGV` on 2 CPU processes; returns its output (fails the test on an error)."""
+    result = subprocess.run(
+        [*LAUNCH, *program, *argv], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=TIMEOUT
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result.stdout
+
+
+def rank_records(output: Path) -> list[dict]:
+    return [json.loads((output / "refresh" / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def assert_output_folders_load(output: Path) -> None:
+    assert RealmEmbedder.from_pretrained(output / "embedder").config.hidden_size == 32
+    assert RealmKnowledgeAugEncoder.from_pretrained(output / "encoder").config.retriever_proj_size == 16
+    assert RealmScorer.from_pretrained(output / "scorer").config.retriever_proj_size == 16
+    assert json.loads((output / "pretraining.json").read_text())["num_processes"] == 2
+
+
+@pytest.mark.slow
+def test_async_refresh_swaps_every_rank_to_the_built_version_at_the_same_step(corpus, tmp_path):
+    output = tmp_path / "out"
+    script = tmp_path / "stop_after_swap.py"
+    script.write_text(STOP_AFTER_SWAP)
+    launch([str(script)], pretrain_argv(corpus, output, "async", 1000))
+    first, second = rank_records(output)
+    assert (first["rank"], second["rank"], first["world_size"]) == (0, 1, 2)
+    # Rank 0 built version 1 from the step-2 embedder; both ranks swapped to it at the same step boundary.
+    assert first["swaps"] == second["swaps"] and len(first["swaps"]) == 1
+    swap = first["swaps"][0]
+    assert (swap["version"], swap["snapshot_step"]) == (1, 2) and swap["step"] > 2
+    assert first["index_versions"] == second["index_versions"] == [[1, 0], [swap["step"] + 1, 1]]
+    # The batches were collated from the same versions at the same steps on both ranks.
+    assert first["batch_index_versions"] == second["batch_index_versions"]
+    assert [version for _, version in first["batch_index_versions"]] == [0, 1]
+    # Every rank reads the index from the memory-mapped file (shared pages), not from a private copy.
+    assert first["index_memory_mapped"] and second["index_memory_mapped"]
+    assert list_versions(output / "index") == [0, 1]
+    assert_output_folders_load(output)
+
+
+@pytest.fixture(scope="module")
+def sync_run(corpus, tmp_path_factory) -> tuple[Path, list[dict]]:
+    """4 steps with a sync refresh every 2 and a checkpoint every 2 (output folder, rank records)."""
+    output = tmp_path_factory.mktemp("sync") / "out"
+    launch(["-m", "openrealm", "train", "pretrain"], pretrain_argv(corpus, output, "sync", 4) + ["--save-steps", "2"])
+    return output, rank_records(output)
+
+
+@pytest.mark.slow
+def test_sync_refresh_embeds_sharded_and_every_rank_swaps_at_the_refresh_steps(sync_run):
+    output, (first, second) = sync_run
+    swaps = [(s["step"], s["version"], s["snapshot_step"]) for s in first["swaps"]]
+    assert swaps == [(2, 1, 2), (4, 2, 4)] and first["swaps"] == second["swaps"]
+    assert first["index_versions"] == second["index_versions"] == [[1, 0], [3, 1]]
+    assert first["index_memory_mapped"] and second["index_memory_mapped"]
+    # Both processes embedded a share of the blocks of each version.
+    info = json.loads((output / "index" / "v000002" / "build_info.json").read_text())
+    assert info["world_size"] == 2
+    assert_output_folders_load(output)
+
+
+@pytest.mark.slow
+def test_checkpoint_holds_every_rank_state_and_resume_restores_its_index_version_on_every_rank(corpus, sync_run):
+    output, _ = sync_run
+    checkpoint = output / "checkpoint-4"
+    assert {"rng_state_0.pth", "rng_state_1.pth", "refresh_state.json"} <= set(os.listdir(checkpoint))
+    assert json.loads((checkpoint / "refresh_state.json").read_text())["index_version"] == 2
+    resumed = output.parent / "resumed"
+    shutil.copytree(output, resumed)
+    stdout = launch(
+        ["-m", "openrealm", "train", "pretrain"],
+        pretrain_argv(corpus, resumed, "sync", 6) + ["--save-steps", "2", "--resume-from-checkpoint", "last"],
+    )
+    assert stdout.count("resuming from") == 1  # printed by rank 0 only
+    first, second = rank_records(resumed)
+    # Steps 5 and 6 ran on version 2 (checkpoint-4's) on both ranks; the sync refresh at step 6 built version 3.
+    assert first["index_versions"] == second["index_versions"] == [[5, 2]]
+    assert first["swaps"] == second["swaps"] == [{"step": 6, "version": 3, "snapshot_step": 6}]
+    assert (resumed / "checkpoint-6").is_dir()
