@@ -314,3 +314,28 @@ def test_extra_callbacks_passed_to_run_see_every_step(corpus, tmp_path):
     assert pretrain.run(parser.parse_args(argv), callbacks=[recorder]) == 0
     assert recorder.steps == [1, 2, 3]
     assert json.loads((tmp_path / "out" / "pretraining.json").read_text())["max_steps"] == 3
+
+
+def test_embedder_learning_rate_gives_the_retriever_its_own_optimizer_groups(corpus, tmp_path):
+    parser = argparse.ArgumentParser()
+    pretrain.add_arguments(parser)
+    args = parser.parse_args(
+        ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(tmp_path / "out"),
+         "--max-steps", "2", "--refresh-every", "10", "--refresh-mode", "off", "--learning-rate", "1e-3",
+         "--embedder-learning-rate", "1e-5", "--no-progress"]
+    )  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    embedder = tiny_embedder(tokenizer)
+    fields = {key: int(value) for key, value in (item.split("=") for item in TINY.split(","))}
+    encoder = pretrain.load_encoder("random", tokenizer, fields)
+    index = build_index(embedder, corpus, tmp_path / "index", version=0, progress=False)
+    trainer = pretrain.build_trainer(args, embedder, encoder, tokenizer, load_corpus(corpus), index)
+    groups = trainer.create_optimizer().param_groups
+    embedder_ids = {id(p) for p in embedder.parameters()}
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert sum(len(group["params"]) for group in groups) == len(trainable)
+    for group in groups:
+        in_embedder = {id(p) in embedder_ids for p in group["params"]}
+        assert len(in_embedder) == 1  # a group is all retriever or all encoder
+        assert group["lr"] == (1e-5 if in_embedder == {True} else 1e-3)
+    assert {group["lr"] for group in groups} == {1e-5, 1e-3}

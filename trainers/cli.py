@@ -1,5 +1,6 @@
 """The `openrealm` command line (also `python -m openrealm` and `accelerate launch -m openrealm`).
 
+openrealm quickstart [--output DIR] [--preset default|small]                            # the whole lifecycle, toy scale
 openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overwrite]   # 4.x folder -> new layout
 openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
 openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
@@ -18,12 +19,16 @@ import sys
 
 # (group, command) -> (module providing add_arguments/run, help). Modules are imported only to build the parser.
 JOBS = {
+    ("quickstart", None): (
+        "openrealm.trainers.quickstart",
+        "the whole REALM lifecycle on a generated world of fictional entities (about 10 min on 2 CPU cores)",
+    ),
     ("world", None): ("openrealm.trainers.synthetic_world", "generate the synthetic world of fictional entities"),
     ("corpus", "build"): ("openrealm.tokenization.corpus", "build a knowledge corpus of blocks from JSONL articles"),
     ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)"),
     ("train", "pretrain"): (
         "openrealm.trainers.pretrain",
-        "REALM pre-training with a refreshed index (single process)",
+        "REALM pre-training with an index refreshed while it trains (1 CPU or N GPUs)",
     ),
     ("train", "openqa"): (
         "openrealm.trainers.openqa",

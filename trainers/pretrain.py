@@ -121,7 +121,26 @@ class RealmPretrainingTrainer(Trainer):
         self._sums: Counter = Counter()
         self._steps = 0
         self._batch_index_version = -1
+        self.embedder_learning_rate: float | None = None  # None: the embedder trains at args.learning_rate
         self.batch_index_versions: list[tuple[int, int]] = []  # (first step whose batch used a version, version)
+
+    def create_optimizer(self, model=None):
+        """The Trainer's AdamW; with `embedder_learning_rate`, the retriever's parameters form their own groups at
+        that peak rate (the schedule scales every group alike)."""
+        optimizer = super().create_optimizer(model)
+        if self.embedder_learning_rate is None:
+            return optimizer
+        embedder_params = {id(p) for p in self.accelerator.unwrap_model(self.model).embedder.parameters()}
+        groups = []
+        for group in optimizer.param_groups:
+            for in_embedder, learning_rate in ((False, group["lr"]), (True, self.embedder_learning_rate)):
+                params = [p for p in group["params"] if (id(p) in embedder_params) == in_embedder]
+                if params:
+                    groups.append({**group, "params": params, "lr": learning_rate})
+        optimizer.param_groups.clear()  # no step taken yet: no optimizer state to carry over
+        for group in groups:
+            optimizer.add_param_group(group)
+        return optimizer
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
@@ -466,6 +485,7 @@ def build_trainer(
     if args.index:  # version 0 in use lives in --index, not in index_root
         refresh.index_in_use_root = Path(args.index).absolute()
     trainer.checkpoint_extras = checkpoint_extras(trainer, tokenizer)
+    trainer.embedder_learning_rate = getattr(args, "embedder_learning_rate", None)
     return trainer
 
 
@@ -530,6 +550,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=4, help="queries per step (Google local: 4, paper: 512)")
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="peak AdamW lr (default 3e-5)")
+    parser.add_argument(
+        "--embedder-learning-rate",
+        type=float,
+        default=None,
+        help="peak lr of the retriever (default: --learning-rate; lower keeps a small ICT retriever from drifting)",
+    )
     parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
     parser.add_argument("--num-candidates", type=int, default=NUM_CANDIDATES, help="K incl. the null doc (8)")
     parser.add_argument("--spans", choices=STRATEGIES, default="salient", help="masking strategy (default salient)")

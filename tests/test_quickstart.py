@@ -1,0 +1,67 @@
+"""`openrealm quickstart`: the whole REALM lifecycle on the generated world (the small preset), end to end."""
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import pipeline
+
+import openrealm  # noqa: F401 - registers the question-answering pipeline
+from openrealm.trainers.cli import main as cli_main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("quickstart") / "run"
+    assert cli_main(["quickstart", "--preset", "small", "--output", str(output), "--no-progress"]) == 0
+    return output
+
+
+@pytest.fixture(scope="module")
+def results(run) -> dict:
+    return json.loads((run / "results.json").read_text())
+
+
+def test_realm_pretraining_beats_the_no_pretraining_baseline_on_held_out_entities(results):
+    realm, baseline = results["open_qa"]["realm"], results["open_qa"]["no-pretraining"]
+    assert realm["count"] == baseline["count"] > 50
+    assert realm["exact_match"] >= baseline["exact_match"] + 3.0
+
+
+def test_bm25_baseline_is_measured_with_the_same_reader(results):
+    bm25 = results["open_qa"]["realm-reader-bm25"]
+    # The world's questions name their entity, so lexical retrieval finds the block almost always.
+    assert bm25["recall@5"] > 90.0 and bm25["count"] == results["open_qa"]["realm"]["count"]
+
+
+def test_pretraining_curve_has_utility_and_recall_from_step_zero_to_the_last_step(results):
+    steps = [entry["step"] for entry in results["pretraining"]]
+    assert steps[0] == 0 and steps[-1] == results["settings"]["pretrain_steps"]
+    for entry in results["pretraining"]:
+        assert 0.0 <= entry["eval_recall@5"] <= 1.0 and "eval_retrieval_utility" in entry
+
+
+def test_report_shows_both_plots_and_every_stage(run, results):
+    report = (run / "report.md").read_text()
+    for figure in ("figure_pretraining.png", "figure_comparison.png"):
+        assert f"]({figure})" in report
+        assert (run / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(results["timings_s"]) >= {"REALM pre-training with async index refresh", "answers through the pipeline"}
+
+
+def test_pretraining_refreshed_the_index_asynchronously(run):
+    summary = json.loads((run / "pretrain" / "pretraining.json").read_text())
+    assert summary["refresh_mode"] == "async" and summary["index_swaps"]
+
+
+def test_saved_model_is_hub_ready_and_answers_through_the_pipeline_with_provenance(run, results):
+    folder = run / "realm-openqa"
+    for name in ("config.json", "model.safetensors", "block_records.safetensors", "README.md", "pipeline_realm.py"):
+        assert (folder / name).is_file(), name
+    assert "model-index" in (folder / "README.md").read_text()
+    question = json.loads((run / "world" / "questions_test.jsonl").read_text().splitlines()[0])
+    answer = pipeline("question-answering", model=str(folder))(question["question"])
+    assert answer["answer"] and answer["title"] and answer["text"] and 0 <= answer["block_id"]
+    assert results["demo"][0]["question"] == question["question"]

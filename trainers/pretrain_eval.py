@@ -1,0 +1,256 @@
+"""Does REALM pre-training learn? Retrieval utility and recall on a fixed set of masked queries (paper §4.5, Figure 4).
+
+    queries = fixed_masked_queries(tokenizer, blocks, num_queries=256, seed=0)
+    metrics = evaluate_pretraining(model, tokenizer, blocks, queries)   # a fresh exact index from model.embedder
+    trainer.add_callback(PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=50))
+
+A query is one masked sentence drawn from a corpus block, as in training (`SalientSpanCollator`, seeded once, so every
+evaluation scores the same queries). Its answer blocks are the other blocks whose text contains the masked span: the
+knowledge the encoder could copy the span from (the query's own block is the trivial retrieval, excluded as in training).
+
+Metrics (`evaluate_pretraining`):
+- `recall@k`: fraction of queries with an answer block among the top k blocks retrieved (own block excluded).
+- `retrieval_utility` (Google §3.6, per masked token): log p(y|x) marginalised over the K candidates minus
+  log p(y|null document, x); > 0 when the retrieved documents help the encoder.
+- `mlm_loss` (-mean marginal log p(y|x)), `mlm_accuracy` (argmax of the marginal p(y|x) = the masked token),
+  `null_doc_prob` (mean p(null|x)), `answer_in_candidates` (fraction of examples whose K candidates hold an answer
+  block), `num_queries`, `num_answerable` (queries with an answer block somewhere), `num_tokens`.
+
+By default the candidates come from a fresh exact index of the current embedder (what a refresh would give); pass
+`index` and `query_embedder` (e.g. the pair a training run is using) to score the candidates a stale index gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from openrealm import RealmBlockIndex
+from openrealm.tokenization.masking import SalientSpanCollator
+from openrealm.trainers.index_builder import embed_blocks
+from openrealm.trainers.pretraining import NUM_CANDIDATES, QUERY_SEQ_LEN, RealmPretrainingExamples
+
+RECALL_K = 8
+QUERY_KEYS = ("query_input_ids", "query_attention_mask", "labels", "block_id")
+
+
+def fixed_masked_queries(
+    tokenizer,
+    blocks,
+    num_queries: int = 256,
+    seed: int = 0,
+    strategy: str = "salient",
+    query_seq_len: int = QUERY_SEQ_LEN,
+) -> dict[str, Any]:
+    """One masked query from each of `num_queries` blocks drawn without replacement (at most all), masks drawn once.
+
+    Returns `SalientSpanCollator`'s batch (`query_input_ids`, `query_attention_mask`, `labels` [Q, Lq], `block_id`
+    [Q], `uid`, `query_text`, `span`...) for the Q <= num_queries blocks that gave a query, plus `span_text` (the
+    masked text) and `answer_block_ids` (per query: the other blocks whose text contains span_text).
+    """
+    order = np.random.default_rng(seed).permutation(len(blocks))[: min(num_queries, len(blocks))]
+    rows = blocks.select(sorted(order.tolist())) if hasattr(blocks, "select") else [blocks[i] for i in order]
+    queries = SalientSpanCollator(tokenizer, strategy=strategy, seed=seed, query_seq_len=query_seq_len)(list(rows))
+    if not queries["uid"]:
+        raise ValueError(f"none of the {len(order)} sampled blocks gave a masked query (no salient spans?)")
+    texts = blocks["text"] if hasattr(blocks, "column_names") else [row["text"] for row in blocks]
+    queries["span_text"] = [text[s:e] for text, (s, e) in zip(queries["query_text"], queries["span"].tolist())]
+    queries["answer_block_ids"] = [
+        [i for i, text in enumerate(texts) if i != own and span in text]
+        for own, span in zip(queries["block_id"].tolist(), queries["span_text"])
+    ]
+    return queries
+
+
+def _query_rows(queries: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    batch = {key: queries[key][start:stop] for key in QUERY_KEYS}
+    batch["uid"] = queries["uid"][start:stop]
+    return batch
+
+
+@torch.no_grad()
+def recall_at_k(query_embedder, index: RealmBlockIndex, queries: dict[str, Any], k: int = RECALL_K) -> float:
+    """Fraction of queries with an answer block among the k best blocks of `index`, the query's own block excluded."""
+    was_training = query_embedder.training
+    query_embedder.eval()
+    try:
+        query_emb = _embed_queries(query_embedder, queries["query_input_ids"], queries["query_attention_mask"])
+    finally:
+        query_embedder.train(was_training)
+    _, ids = index.search(query_emb, min(k + 1, index.num_blocks))
+    hits = 0
+    for own, retrieved, answers in zip(queries["block_id"].tolist(), ids.tolist(), queries["answer_block_ids"]):
+        top = [i for i in retrieved if i != own][:k]
+        hits += bool(set(top) & set(answers))
+    return hits / len(ids)
+
+
+def _embed_queries(embedder, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[Q, Lq] -> [Q, P] float32."""
+    device = next(embedder.parameters()).device
+    output = embedder(
+        input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        token_type_ids=torch.zeros_like(input_ids, device=device),
+    )
+    return output.projected_score.float()
+
+
+def fresh_index(embedder, tokenizer, blocks, batch_size: int = 128) -> RealmBlockIndex:
+    """An exact index of every block embedded by the embedder as it is now."""
+    max_length = min(embedder.config.max_position_embeddings, 288)
+    emb = embed_blocks(embedder, blocks, tokenizer, batch_size=batch_size, max_length=max_length, progress=False)
+    return RealmBlockIndex.build(emb, "exact")
+
+
+@torch.no_grad()
+def evaluate_pretraining(
+    model,
+    tokenizer,
+    blocks,
+    queries: dict[str, Any],
+    *,
+    index: RealmBlockIndex | None = None,
+    query_embedder=None,
+    k: int = RECALL_K,
+    num_candidates: int = NUM_CANDIDATES,
+    batch_size: int = 32,
+) -> dict[str, float]:
+    """Retrieval utility, recall@k and MLM metrics of a `RealmPretrainingModel` on `fixed_masked_queries` output.
+
+    index / query_embedder: the (index, embedder it was built with) choosing the candidates; default a fresh exact
+    index of model.embedder. The model runs in eval mode (no dropout) and is put back in its mode.
+    """
+    if index is None:
+        index, query_embedder = fresh_index(model.embedder, tokenizer, blocks), model.embedder
+    elif query_embedder is None:
+        raise ValueError("pass the query_embedder the index was built with along with the index")
+    was_training = model.training
+    model.eval()
+    try:
+        metrics = {f"recall@{k}": recall_at_k(query_embedder, index, queries, k)}
+        examples = RealmPretrainingExamples(tokenizer, blocks, query_embedder, index, num_candidates=num_candidates)
+        metrics.update(_mlm_metrics(model, examples, queries, batch_size))
+    finally:
+        model.train(was_training)
+    metrics["num_queries"] = len(queries["uid"])
+    metrics["num_answerable"] = sum(bool(ids) for ids in queries["answer_block_ids"])
+    return metrics
+
+
+def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, Any], batch_size: int) -> dict:
+    answers = dict(zip(queries["uid"], queries["answer_block_ids"]))
+    sums = {"utility": 0.0, "log_prob": 0.0, "correct": 0, "tokens": 0, "null_prob": 0.0, "found": 0, "examples": 0}
+    for start in range(0, len(queries["uid"]), batch_size):
+        batch = examples(_query_rows(queries, start, start + batch_size))
+        if not batch["uid"]:
+            continue
+        output = model(**batch)
+        predicted = _marginal_argmax(model, batch, output.candidate_log_prob)
+        mask = batch["labels"] != -100
+        sums["utility"] += float((output.marginal_log_prob - output.token_log_prob[:, 0]).sum())
+        sums["log_prob"] += float(output.marginal_log_prob.sum())
+        sums["correct"] += int((predicted == batch["labels"][mask]).sum())
+        sums["tokens"] += int(mask.sum())
+        sums["null_prob"] += float(output.candidate_log_prob[:, 0].exp().sum())
+        for uid, candidates in zip(batch["uid"], batch["candidate_block_ids"].tolist()):
+            sums["found"] += bool(set(candidates) & set(answers[uid]))
+        sums["examples"] += len(batch["uid"])
+    tokens, count = max(sums["tokens"], 1), max(sums["examples"], 1)
+    return {
+        "retrieval_utility": sums["utility"] / tokens,
+        "mlm_loss": -sums["log_prob"] / tokens,
+        "mlm_accuracy": sums["correct"] / tokens,
+        "null_doc_prob": sums["null_prob"] / count,
+        "answer_in_candidates": sums["found"] / count,
+        "num_tokens": sums["tokens"],
+    }
+
+
+def _marginal_argmax(model, batch: dict[str, Any], candidate_log_prob: torch.Tensor) -> torch.Tensor:
+    """The most likely token at each of the N masked positions under p(y|x) = sum_k p(z_k|x) p(y|z_k,x) -> [N]."""
+    joint = batch["joint_input_ids"]
+    batch_size, num_candidates, length = joint.shape
+    hidden = model.encoder.realm(
+        joint.flatten(0, 1),
+        attention_mask=batch["joint_attention_mask"].flatten(0, 1),
+        token_type_ids=batch["joint_token_type_ids"].flatten(0, 1),
+        return_dict=True,
+    ).last_hidden_state.view(batch_size, num_candidates, length, -1)
+    rows, positions = (batch["labels"] != -100).nonzero(as_tuple=True)
+    log_prob = model.encoder.cls(hidden[rows, :, positions]).float().log_softmax(-1)  # [N, K, V]
+    return (log_prob + candidate_log_prob[rows][..., None]).logsumexp(1).argmax(-1)
+
+
+class PretrainingEvalCallback(TrainerCallback):
+    """Every `eval_steps` steps (and before the first), `evaluate_pretraining` on fixed queries, logged into
+    `state.log_history` as {"step", "eval_<metric>"...} entries (the paper's Figure 4 curves: utility, recall vs step).
+
+    stale: also score the candidates of the index the run is using (`refresh.examples`: its index and query embedder),
+    logged as `eval_stale_<metric>`; pass the `IndexRefreshCallback` as `refresh`.
+    """
+
+    def __init__(
+        self,
+        queries: dict[str, Any],
+        tokenizer,
+        blocks,
+        eval_steps: int,
+        refresh=None,
+        k: int = RECALL_K,
+        batch_size: int = 32,
+    ):
+        if eval_steps < 1:
+            raise ValueError(f"eval_steps must be a positive number of steps, got {eval_steps}")
+        self.queries, self.tokenizer, self.blocks = queries, tokenizer, blocks
+        self.eval_steps, self.refresh, self.k, self.batch_size = eval_steps, refresh, k, batch_size
+        self.history: list[dict[str, float]] = []
+
+    def evaluate(self, model, step: int) -> dict[str, float]:
+        model = getattr(model, "module", model)
+        entry = {"step": step}
+        options = {"k": self.k, "batch_size": self.batch_size}
+        metrics = evaluate_pretraining(model, self.tokenizer, self.blocks, self.queries, **options)
+        entry.update({f"eval_{name}": round(value, 5) for name, value in metrics.items()})
+        if self.refresh is not None:
+            examples = self.refresh.examples
+            stale = evaluate_pretraining(
+                model,
+                self.tokenizer,
+                self.blocks,
+                self.queries,
+                index=examples.index,
+                query_embedder=examples.query_embedder,
+                **options,
+            )
+            entry.update({f"eval_stale_{name}": round(value, 5) for name, value in stale.items()})
+        self.history.append(entry)
+        return entry
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 0:
+            state.log_history.append(self.evaluate(model, 0))
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.eval_steps == 0:
+            state.log_history.append(self.evaluate(model, state.global_step))
+
+
+def curves(log_history: Sequence[dict], metric: str = "eval_retrieval_utility") -> tuple[list[int], list[float]]:
+    """(steps, values) of one logged eval metric, e.g. to plot utility or recall against the step."""
+    points = [(entry["step"], entry[metric]) for entry in log_history if metric in entry]
+    return [step for step, _ in points], [value for _, value in points]
+
+
+__all__ = [
+    "PretrainingEvalCallback",
+    "curves",
+    "evaluate_pretraining",
+    "fixed_masked_queries",
+    "fresh_index",
+    "recall_at_k",
+]

@@ -1,0 +1,498 @@
+"""The whole REALM lifecycle on an embedded default, end to end: `openrealm quickstart` (the README's first command).
+
+    openrealm quickstart [--output realm-quickstart] [--seed 0] [--preset default|small] [--overwrite]
+
+A seeded world of fictional entities (no pretrained model can know its facts) becomes a knowledge corpus; a WordPiece
+vocabulary, ICT, REALM pre-training with an asynchronously refreshed index, open-QA fine-tuning and evaluation on
+held-out entities follow, each with the same code a user runs on Wikipedia. Written under OUTPUT/:
+
+    world/               articles.jsonl, questions_{train,dev,test}.jsonl (test = entities held out of training)
+    tokenizer/           the WordPiece vocabulary trained on the world
+    corpus/              blocks (Arrow), salient spans, block records
+    ict/                 the ICT warm-started embedder
+    pretrain/            REALM pre-training: embedder/, encoder/, scorer/, index/ versions, pretraining.json
+    realm-openqa/        the fine-tuned REALM model: a Hub-ready folder (weights, tokenizer, corpus, index, model card,
+                         custom code) that `pipeline("question-answering", model=...)` loads
+    no-pretraining-openqa/  the same fine-tuning from the ICT embedder and the initial encoder (ORQA's recipe)
+    report.md            results, with figure_pretraining.png (retrieval utility and recall@5 against pre-training
+                         step: the paper's Figure 4 at toy scale) and figure_comparison.png (EM and recall@5 of REALM,
+                         REALM's reader over BM25 retrieval, and no REALM pre-training, all measured in this run)
+    results.json         the same numbers
+
+The encoder starts from random weights here (there is no BERT for the world's vocabulary), so "no pre-training" means
+the encoder fine-tunes from scratch while REALM's encoder learned, during pre-training, to read retrieved blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+OUTPUT_DEFAULT = "realm-quickstart"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes and step counts of one quickstart run."""
+
+    world: dict  # generate_world(**world)
+    vocab_size: int
+    block_length: int  # wordpieces per block: short blocks make each step cheap on CPU (Wikipedia: 288)
+    model: str  # RealmConfig overrides of the tiny random models (k=v,...)
+    ict_steps: int
+    ict_batch_size: int
+    ict_learning_rate: float
+    pretrain_steps: int
+    pretrain_batch_size: int
+    pretrain_learning_rate: float
+    pretrain_embedder_learning_rate: float  # lower than the encoder's: a tiny ICT retriever drifts at 1e-3
+    refresh_every: int
+    eval_every: int
+    eval_queries: int
+    finetune_steps: int
+    finetune_batch_size: int
+    finetune_learning_rate: float
+    searcher_beam_size: int
+    reader_beam_size: int
+    eval_reader_beam_size: int
+
+
+MODEL = (
+    "hidden_size=64,num_hidden_layers=2,num_attention_heads=4,intermediate_size=256,retriever_proj_size=32,"
+    "hidden_dropout_prob=0,attention_probs_dropout_prob=0,max_position_embeddings=384,reader_seq_len=320,"
+    "max_span_width=10"
+)
+
+PRESETS = {
+    # about 8 minutes on 2 CPU cores
+    "default": Preset(
+        world={"num_people": 120, "num_organizations": 40, "num_cities": 40},
+        vocab_size=4000,
+        block_length=64,
+        model=MODEL,
+        ict_steps=100,
+        ict_batch_size=32,
+        ict_learning_rate=1e-3,
+        pretrain_steps=300,
+        pretrain_batch_size=16,
+        pretrain_learning_rate=1e-3,
+        pretrain_embedder_learning_rate=1e-5,
+        refresh_every=50,
+        eval_every=50,
+        eval_queries=256,
+        finetune_steps=300,
+        finetune_batch_size=8,
+        finetune_learning_rate=1e-3,
+        searcher_beam_size=64,
+        reader_beam_size=5,
+        eval_reader_beam_size=5,
+    ),
+    # for the test suite: the same lifecycle, smaller
+    "small": Preset(
+        world={"num_people": 60, "num_organizations": 20, "num_cities": 20},
+        vocab_size=3000,
+        block_length=64,
+        model=MODEL,
+        ict_steps=100,
+        ict_batch_size=32,
+        ict_learning_rate=1e-3,
+        pretrain_steps=200,
+        pretrain_batch_size=16,
+        pretrain_learning_rate=1e-3,
+        pretrain_embedder_learning_rate=1e-5,
+        refresh_every=50,
+        eval_every=50,
+        eval_queries=128,
+        finetune_steps=200,
+        finetune_batch_size=8,
+        finetune_learning_rate=1e-3,
+        searcher_beam_size=64,
+        reader_beam_size=5,
+        eval_reader_beam_size=5,
+    ),
+}
+
+
+class Stages:
+    """Runs the lifecycle stage by stage, printing what each did and how long it took."""
+
+    def __init__(self, output: Path, preset: Preset, seed: int, progress: bool = True):
+        self.output, self.preset, self.seed, self.progress = output, preset, seed, progress
+        self.timings: dict[str, float] = {}
+
+    def path(self, name: str) -> Path:
+        return self.output / name
+
+    def run(self, name: str, function, *args, **kwargs):
+        print(f"\n== quickstart: {name}", flush=True)
+        started = time.perf_counter()
+        result = function(*args, **kwargs)
+        self.timings[name] = round(time.perf_counter() - started, 1)
+        print(f"== quickstart: {name} done in {self.timings[name]:.1f} s", flush=True)
+        return result
+
+    # -- data ---------------------------------------------------------------------------------------------------------
+    def world(self):
+        from openrealm.trainers.synthetic_world import generate_world
+
+        world = generate_world(seed=self.seed, **self.preset.world)
+        world.write(self.path("world"))
+        counts = world.config["num_questions"]
+        print(
+            f"{world.config['num_articles']} articles, {world.config['num_facts']} facts, questions: "
+            + ", ".join(f"{split} {count}" for split, count in counts.items())
+        )
+        return world
+
+    def corpus(self, world) -> Path:
+        from datasets import Dataset
+
+        from openrealm.tokenization.corpus import build_corpus
+        from openrealm.tokenization.vocab import train_wordpiece_vocab
+
+        tokenizer = train_wordpiece_vocab(world.texts(), self.path("tokenizer"), vocab_size=self.preset.vocab_size)
+        articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
+        blocks = build_corpus(
+            articles,
+            self.path("corpus"),
+            tokenizer,
+            max_block_length=self.preset.block_length,
+            span_annotator=world.span_annotator(),
+        )
+        print(f"vocabulary of {len(tokenizer)} wordpieces; {len(blocks)} blocks")
+        return self.path("corpus")
+
+    # -- training -----------------------------------------------------------------------------------------------------
+    def ict(self, corpus: Path) -> Path:
+        from openrealm.trainers import ict
+
+        preset = self.preset
+        argv = [
+            "--corpus", str(corpus), "--init", "random", "--output", str(self.path("ict")),
+            "--config-overrides", preset.model, "--max-steps", str(preset.ict_steps),
+            "--batch-size", str(preset.ict_batch_size), "--learning-rate", str(preset.ict_learning_rate),
+            "--save-steps", "0", "--seed", str(self.seed), "--eval-queries", "256", "--logging-steps", "50",
+            "--embedding-dropout", "0", "--overwrite",
+        ]  # fmt: skip
+        ict.main(argv + ([] if self.progress else ["--no-progress"]))
+        return self.path("ict")
+
+    def initial_encoder(self, corpus: Path) -> Path:
+        """The randomly initialised encoder both REALM pre-training and the no-pre-training baseline start from."""
+        from transformers import AutoTokenizer
+
+        from openrealm.trainers.ict import parse_config_overrides
+        from openrealm.trainers.pretrain import load_encoder
+
+        tokenizer = AutoTokenizer.from_pretrained(corpus)
+        encoder = load_encoder("random", tokenizer, parse_config_overrides(self.preset.model), self.seed)
+        encoder.save_pretrained(self.path("initial-encoder"))
+        tokenizer.save_pretrained(self.path("initial-encoder"))
+        return self.path("initial-encoder")
+
+    def pretrain(self, corpus: Path, embedder: Path, encoder: Path) -> dict:
+        """REALM pre-training with the async refresh; Figure 4's points come from a PretrainingEvalCallback."""
+        from transformers import AutoTokenizer
+
+        from openrealm.tokenization.corpus import load_corpus
+        from openrealm.trainers import pretrain
+        from openrealm.trainers.pretrain_eval import PretrainingEvalCallback, fixed_masked_queries
+
+        preset = self.preset
+        parser = argparse.ArgumentParser()
+        pretrain.add_arguments(parser)
+        argv = [
+            "--corpus", str(corpus), "--embedder", str(embedder), "--encoder", str(encoder),
+            "--output", str(self.path("pretrain")),
+            "--max-steps", str(preset.pretrain_steps), "--refresh-every", str(preset.refresh_every),
+            "--refresh-mode", "async", "--batch-size", str(preset.pretrain_batch_size),
+            "--learning-rate", str(preset.pretrain_learning_rate), "--seed", str(self.seed),
+            "--embedder-learning-rate", str(preset.pretrain_embedder_learning_rate),
+            "--logging-steps", str(preset.eval_every), "--embedding-dropout", "0",
+        ]  # fmt: skip
+        args = parser.parse_args(argv + ([] if self.progress else ["--no-progress"]))
+        tokenizer = AutoTokenizer.from_pretrained(corpus)
+        blocks = load_corpus(corpus)
+        queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=self.seed + 1)
+        evaluation = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=preset.eval_every, k=5)
+        pretrain.run(args, callbacks=[evaluation])
+        return {"history": evaluation.history, "summary": self.path("pretrain") / "pretraining.json"}
+
+    def finetune(self, name: str, embedder: Path, encoder: Path | str) -> Path:
+        """Open-QA fine-tuning on the world's training questions; dev questions evaluated before and after."""
+        from openrealm.trainers.openqa import finetune_openqa, openqa_model_from_pretraining
+
+        preset = self.preset
+        output = self.path(f"{name}-openqa")
+        model = openqa_model_from_pretraining(embedder, encoder, self.path("corpus"))
+        world = self.path("world")
+        summary = finetune_openqa(
+            model,
+            str(world / "questions_train.jsonl"),
+            str(world / "questions_dev.jsonl"),
+            output_dir=output,
+            max_steps=preset.finetune_steps,
+            batch_size=preset.finetune_batch_size,
+            learning_rate=preset.finetune_learning_rate,
+            searcher_beam_size=preset.searcher_beam_size,
+            reader_beam_size=preset.reader_beam_size,
+            eval_reader_beam_size=preset.eval_reader_beam_size,
+            seed=self.seed,
+            progress=self.progress,
+            summary_extras={"model": f"{embedder} + {encoder}", "corpus": str(self.path("corpus")), "train": "world"},
+        )
+        print(f"{name}: dev exact match {summary['dev_before']} -> {summary['dev_after']}")
+        return output
+
+    # -- evaluation and report ----------------------------------------------------------------------------------------
+    def evaluate(self, models: dict[str, Path]) -> dict[str, dict]:
+        """EM and recall@k on the held-out test entities: each model with its own retrieval, and REALM's reader over
+        BM25 retrieval; each result also written as JSON next to the model."""
+        from openrealm import RealmForOpenQA
+        from openrealm.trainers.bm25 import Bm25BlockSearcher
+        from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
+
+        test = load_qa_dataset(str(self.path("world") / "questions_test.jsonl"))
+        runs = {}
+        for name, folder in models.items():
+            model = RealmForOpenQA.from_pretrained(folder).eval()
+            searchers = {name: None}
+            if name == "realm":
+                searchers["realm-reader-bm25"] = Bm25BlockSearcher.from_retriever(model.retriever)
+            for label, searcher in searchers.items():
+                results = evaluate_open_qa(
+                    model, test, num_blocks=self.preset.eval_reader_beam_size, recall_ks=RECALL_KS,
+                    block_searcher=searcher,
+                )  # fmt: skip
+                results.update(dataset="world held-out test entities", split="test")
+                write_results(results, self.path(f"results-{label}.json"))
+                runs[label] = {key: value for key, value in results.items() if key != "predictions"}
+                print(
+                    f"{label}: exact match {results['exact_match']:.1f}, recall@5 {results['recall@5']:.1f} "
+                    f"({results['count']} questions)"
+                )
+        return runs
+
+    def model_card(self, folder: Path, evaluation_json: Path) -> None:
+        """Rewrite the fine-tuned folder's model card with its held-out test results next to its dev results."""
+        from openrealm.hub_cards.model_card import open_qa_model_card
+        from openrealm.trainers.evaluation import read_results
+        from openrealm.trainers.push import write_model_card
+
+        evaluations = [read_results(evaluation_json)]
+        if (folder / "dev_results.json").is_file():
+            evaluations.insert(0, read_results(folder / "dev_results.json"))
+        summary = json.loads((folder / "openqa_training.json").read_text())
+        card = open_qa_model_card(evaluations, model_name=folder.name, training_summary=summary, corpus=None)
+        write_model_card(folder, card)
+
+    def demo(self, folder: Path, num_questions: int = 3) -> list[dict]:
+        """Answer a few held-out questions through pipeline("question-answering"), with provenance."""
+        from transformers import pipeline
+
+        import openrealm  # noqa: F401 - registers the pipeline
+
+        questions = [json.loads(line) for line in open(self.path("world") / "questions_test.jsonl", encoding="utf-8")]
+        questions = questions[:num_questions]
+        qa = pipeline("question-answering", model=str(folder))
+        answers = qa([q["question"] for q in questions], top_k=1)
+        shown = []
+        for question, answer in zip(questions, answers):
+            answer = answer[0] if isinstance(answer, list) else answer
+            shown.append({"question": question["question"], "expected": question["answers"], **answer})
+            print(f"Q: {question['question']}   (expected: {', '.join(question['answers'])})")
+            print(f"  A: {answer['answer']}  (score {answer['score']:.3f})")
+            print(f"     from block {answer['block_id']} [{answer['title']}]: {answer['text'][:160]}")
+        return shown
+
+
+RECALL_KS = (1, 5, 10)
+LABELS = {
+    "realm": "REALM (pre-trained)",
+    "realm-reader-bm25": "REALM reader + BM25",
+    "no-pretraining": "no REALM pre-training",
+}
+
+
+def plot_pretraining(history: list[dict], path: Path) -> None:
+    """The paper's Figure 4 at toy scale: retrieval utility and recall@5 against the pre-training step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [entry["step"] for entry in history]
+    figure, (utility_axis, recall_axis) = plt.subplots(1, 2, figsize=(9, 3.5))
+    utility_axis.plot(steps, [entry["eval_retrieval_utility"] for entry in history], marker="o")
+    utility_axis.axhline(0, color="grey", linewidth=0.8)
+    utility_axis.set(xlabel="pre-training step", ylabel="retrieval utility (nats / token)", title="Retrieval utility")
+    recall_axis.plot(steps, [100 * entry["eval_recall@5"] for entry in history], marker="o", color="tab:green")
+    recall_axis.set(xlabel="pre-training step", ylabel="recall@5 (%)", title="Recall@5 of a block with the span")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_comparison(runs: dict[str, dict], path: Path) -> None:
+    """EM and recall@5 on held-out entities: REALM, REALM's reader over BM25, no REALM pre-training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in LABELS if name in runs]
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    width = 0.38
+    for offset, (metric, label) in enumerate((("exact_match", "exact match"), ("recall@5", "recall@5"))):
+        positions = [i + (offset - 0.5) * width for i in range(len(names))]
+        bars = axis.bar(positions, [runs[name][metric] for name in names], width, label=label)
+        axis.bar_label(bars, fmt="%.1f", fontsize=8)
+    axis.set_xticks(range(len(names)), [LABELS[name] for name in names])
+    axis.set(ylabel="% of held-out questions", ylim=(0, 105), title="Open-QA on held-out entities")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_report(output: Path, preset_name: str, stages: Stages, history: list[dict], runs: dict, demo: list) -> Path:
+    """report.md: what ran, the Figure 4 curve, the comparison with the two baselines and a few answers."""
+    first, last = history[0], history[-1]
+    lines = [
+        "# OpenREALM quickstart report",
+        "",
+        f"Preset `{preset_name}`, seed {stages.seed}; {sum(stages.timings.values()):.0f} s in all "
+        f"({', '.join(f'{name} {seconds:.0f} s' for name, seconds in stages.timings.items())}).",
+        "",
+        "## REALM pre-training (the paper's Figure 4, at toy scale)",
+        "",
+        "![retrieval utility and recall@5 against the pre-training step](figure_pretraining.png)",
+        "",
+        "| step | retrieval utility | recall@5 | MLM accuracy |",
+        "|---|---|---|---|",
+        *(
+            f"| {e['step']} | {e['eval_retrieval_utility']:.3f} | {100 * e['eval_recall@5']:.1f} "
+            f"| {100 * e['eval_mlm_accuracy']:.1f} |"
+            for e in history
+        ),
+        "",
+        f"Retrieval utility went from {first['eval_retrieval_utility']:.3f} to {last['eval_retrieval_utility']:.3f} "
+        f"nats per masked token and recall@5 from {100 * first['eval_recall@5']:.1f}% to "
+        f"{100 * last['eval_recall@5']:.1f}% on {last['eval_num_queries']} fixed masked queries. At this scale the "
+        "retriever hardly moves during pre-training (its learning rate is kept low, so that a tiny ICT retriever does "
+        "not drift while the encoder learns to use what it retrieves); what REALM pre-training hands to fine-tuning "
+        "is mostly the encoder, which becomes the reader.",
+        "",
+        "## Open-QA on held-out entities",
+        "",
+        "![exact match and recall@5 of REALM and the baselines](figure_comparison.png)",
+        "",
+        "| model | exact match | recall@1 | recall@5 | recall@10 | reader oracle |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {LABELS[name]} | {r['exact_match']:.1f} | {r['recall@1']:.1f} | {r['recall@5']:.1f} "
+            f"| {r['recall@10']:.1f} | {r['reader_oracle']:.1f} |"
+            for name, r in runs.items()
+        ),
+        "",
+        "All three were measured in this run on the test questions, whose entities no training question mentions. "
+        '"No REALM pre-training" fine-tunes the ICT embedder and the initial encoder directly (ORQA\'s recipe); '
+        '"REALM reader + BM25" reads the blocks BM25 (bm25s) retrieves instead of REALM\'s.',
+        "",
+        '## Answers through `pipeline("question-answering")`',
+        "",
+        *(
+            f"- **{d['question']}** -> {d['answer']} (expected {', '.join(d['expected'])}; block {d['block_id']}, "
+            f'"{d["title"]}")'
+            for d in demo
+        ),
+        "",
+    ]
+    path = output / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def share_cpu_cores() -> None:
+    """On CPU, give the trainer and the async index builder (a child process) half of the cores each: more threads
+    than cores slows every step severalfold."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    threads = max(1, (os.cpu_count() or 2) // 2)
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # read by the builder processes at their start
+
+
+def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0, overwrite: bool = False,
+               progress: bool = True) -> dict:  # fmt: skip
+    """Run the whole lifecycle into `output`; returns results.json's content."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    output = Path(output)
+    if output.exists() and any(output.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{output} is not empty: pass --overwrite to replace it, or choose another --output")
+        shutil.rmtree(output)
+    output.mkdir(parents=True, exist_ok=True)
+    share_cpu_cores()
+    stages = Stages(output, PRESETS[preset], seed, progress)
+    world = stages.run("world of fictional entities", stages.world)
+    corpus = stages.run("vocabulary, blocks and salient spans", stages.corpus, world)
+    embedder = stages.run("ICT warm start of the retriever", stages.ict, corpus)
+    encoder = stages.initial_encoder(corpus)
+    pretraining = stages.run("REALM pre-training with async index refresh", stages.pretrain, corpus, embedder, encoder)
+    pretrained = stages.path("pretrain")
+    realm = stages.run("open-QA fine-tuning (REALM)", stages.finetune, "realm", pretrained / "embedder",
+                       pretrained / "encoder")  # fmt: skip
+    baseline = stages.run(
+        "open-QA fine-tuning (no pre-training)", stages.finetune, "no-pretraining", embedder, encoder
+    )
+    runs = stages.run("evaluation on held-out entities", stages.evaluate, {"realm": realm, "no-pretraining": baseline})
+    stages.model_card(realm, stages.path("results-realm.json"))
+    demo = stages.run("answers through the pipeline", stages.demo, realm)
+    plot_pretraining(pretraining["history"], output / "figure_pretraining.png")
+    plot_comparison(runs, output / "figure_comparison.png")
+    results = {
+        "preset": preset,
+        "settings": asdict(PRESETS[preset]),
+        "seed": seed,
+        "timings_s": stages.timings,
+        "pretraining": pretraining["history"],
+        "open_qa": runs,
+        "demo": demo,
+    }
+    (output / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    report = write_report(output, preset, stages, pretraining["history"], runs, demo)
+    print(f"\nquickstart: done in {sum(stages.timings.values()):.0f} s. Report: {report}; model: {realm}")
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm quickstart`."""
+    parser.add_argument("--output", default=OUTPUT_DEFAULT, help=f"folder for everything (default {OUTPUT_DEFAULT})")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="sizes (default: default)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the world, the weights and the data order")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUTPUT")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    quickstart(args.output, args.preset, args.seed, args.overwrite, progress=not args.no_progress)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="openrealm quickstart", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
