@@ -87,6 +87,26 @@ def final_metrics(summary: dict) -> dict:
     return metrics
 
 
+def closing_sections(intended_use: str) -> list[str]:
+    """The lines every card ends with: intended use, limitations, citation."""
+    return [
+        "## Intended use",
+        "",
+        intended_use,
+        "",
+        "## Limitations",
+        "",
+        *LIMITATIONS,
+        "",
+        "## Citation",
+        "",
+        "```bibtex",
+        REALM_BIBTEX,
+        "```",
+        "",
+    ]
+
+
 def realm_model_card(
     kind: str,
     training_summary: dict,
@@ -150,22 +170,11 @@ def realm_model_card(
         f"- null-document probability: {_value(metrics['null_doc_prob'])}",
         f"- index version: {_value(metrics['index_version'])}",
         "",
-        "## Intended use",
-        "",
-        "Research on retrieval-augmented language models: initialising open-domain question answering (REALM "
-        "fine-tuning), studying learned retrieval, or continuing pre-training. The retriever only works with an index "
-        "built by this embedder over the same corpus.",
-        "",
-        "## Limitations",
-        "",
-        *LIMITATIONS,
-        "",
-        "## Citation",
-        "",
-        "```bibtex",
-        REALM_BIBTEX,
-        "```",
-        "",
+        *closing_sections(
+            "Research on retrieval-augmented language models: initialising open-domain question answering (REALM "
+            "fine-tuning), studying learned retrieval, or continuing pre-training. The retriever only works with an "
+            "index built by this embedder over the same corpus."
+        ),
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
 
@@ -306,20 +315,7 @@ def open_qa_model_card(
         "",
         *(_results_table(evaluations) if evaluations else ["No evaluation results were given."]),
         "",
-        "## Intended use",
-        "",
-        INTENDED_USE_QA,
-        "",
-        "## Limitations",
-        "",
-        *LIMITATIONS,
-        "",
-        "## Citation",
-        "",
-        "```bibtex",
-        REALM_BIBTEX,
-        "```",
-        "",
+        *closing_sections(INTENDED_USE_QA),
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
 
