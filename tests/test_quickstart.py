@@ -1,4 +1,7 @@
-"""`openrealm quickstart`: the whole REALM lifecycle on the generated world (the small preset), end to end."""
+"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 5 minutes).
+
+The default preset, not the small one: at the small preset's size the held-out exact match of either model rests on a
+handful of questions and swings with the timing of the asynchronous index swaps."""
 
 import json
 from pathlib import Path
@@ -15,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("quickstart") / "run"
-    assert cli_main(["quickstart", "--preset", "small", "--output", str(output), "--no-progress"]) == 0
+    assert cli_main(["quickstart", "--output", str(output), "--no-progress"]) == 0
     return output
 
 
@@ -26,7 +29,7 @@ def results(run) -> dict:
 
 def test_realm_pretraining_beats_the_no_pretraining_baseline_on_held_out_entities(results):
     realm, baseline = results["open_qa"]["realm"], results["open_qa"]["no-pretraining"]
-    assert realm["count"] == baseline["count"] > 50
+    assert realm["count"] == baseline["count"] > 200
     assert realm["exact_match"] >= baseline["exact_match"] + 3.0
 
 
