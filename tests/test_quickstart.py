@@ -1,4 +1,4 @@
-"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 5 minutes).
+"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 3 minutes).
 
 The default preset, not the small one: at the small preset's size the held-out exact match of either model rests on a
 handful of questions and swings with the timing of the asynchronous index swaps."""
@@ -30,7 +30,8 @@ def results(run) -> dict:
 def test_realm_pretraining_beats_the_no_pretraining_baseline_on_held_out_entities(results):
     realm, baseline = results["open_qa"]["realm"], results["open_qa"]["no-pretraining"]
     assert realm["count"] == baseline["count"] > 200
-    assert realm["exact_match"] >= baseline["exact_match"] + 3.0
+    # Three runs on 2 CPU cores: 18.1, 18.1, 22.3 against 13.8 (README, benchmarks/RESULTS.md).
+    assert realm["exact_match"] >= baseline["exact_match"] + 2.0
 
 
 def test_bm25_baseline_is_measured_with_the_same_reader(results):

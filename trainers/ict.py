@@ -706,27 +706,30 @@ def run(args: argparse.Namespace) -> int:
     trainer = build_trainer(args, embedder, tokenizer, blocks)
     resume = True if args.resume_from_checkpoint == "last" else args.resume_from_checkpoint
     result = trainer.train(resume_from_checkpoint=resume)
-    if not trainer.is_world_process_zero():
-        return 0
-    summary = training_summary(args, trainer, result.training_loss)
-    embedder = trainer.accelerator.unwrap_model(trainer.model).embedder
-    if args.eval_queries:
-        summary["retrieval"] = evaluate_retrieval(
-            embedder,
-            blocks,
-            tokenizer,
-            args.eval_queries,
-            k=5,
-            seed=args.seed,
-            query_seq_len=args.query_seq_len,
-            block_seq_len=args.block_seq_len,
-        )
-        print(json.dumps({"retrieval": summary["retrieval"]}))
-    save_embedder(embedder, tokenizer, args.output, summary)
-    print(f"ICT: saved the RealmEmbedder to {args.output} (train loss {result.training_loss:.4f})")
-    if args.push_to_hub:
-        embedder.push_to_hub(args.push_to_hub)
-        tokenizer.push_to_hub(args.push_to_hub)
+    if trainer.is_world_process_zero():
+        summary = training_summary(args, trainer, result.training_loss)
+        embedder = trainer.accelerator.unwrap_model(trainer.model).embedder
+        if args.eval_queries:
+            summary["retrieval"] = evaluate_retrieval(
+                embedder,
+                blocks,
+                tokenizer,
+                args.eval_queries,
+                k=5,
+                seed=args.seed,
+                query_seq_len=args.query_seq_len,
+                block_seq_len=args.block_seq_len,
+            )
+            print(json.dumps({"retrieval": summary["retrieval"]}))
+        save_embedder(embedder, tokenizer, args.output, summary)
+        print(f"ICT: saved the RealmEmbedder to {args.output} (train loss {result.training_loss:.4f})")
+        if args.push_to_hub:
+            embedder.push_to_hub(args.push_to_hub)
+            tokenizer.push_to_hub(args.push_to_hub)
+    # Every rank waits for rank 0 and leaves the process group cleanly: a rank that exits while gloo's threads are
+    # still up aborts ("terminate called without an active exception") and fails the launch.
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return 0
 
 

@@ -653,6 +653,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             pushed = push_to_hub(args.output, args.push_to_hub, private=args.hub_private)
             print("REALM pre-training: pushed " + ", ".join(f"{k} -> {v}" for k, v in pushed.items()))
     state.wait_for_everyone()
+    trainer.accelerator.end_training()  # leave the process group cleanly (see trainers/ict.py run)
     return 0
 
 
