@@ -15,6 +15,7 @@ a markdown table for benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -25,31 +26,6 @@ import torch
 import transformers
 
 METRICS = ("recall@8", "retrieval_utility", "mlm_accuracy", "null_doc_prob", "answer_in_candidates")
-
-
-def pretrain_once(stages, corpus: Path, embedder: str, encoder: str, mode: str, args) -> list[dict]:
-    """One REALM pre-training run; returns the PretrainingEvalCallback history (one entry per evaluation)."""
-    from transformers import AutoTokenizer
-
-    from openrealm.tokenization.corpus import load_corpus
-    from openrealm.trainers import pretrain
-    from openrealm.trainers.pretrain_eval import PretrainingEvalCallback, fixed_masked_queries
-
-    parser = argparse.ArgumentParser()
-    pretrain.add_arguments(parser)
-    argv = [
-        "--corpus", str(corpus), "--embedder", embedder, "--encoder", encoder,
-        "--output", str(stages.path(f"pretrain-{mode}")), "--max-steps", str(args.steps),
-        "--refresh-every", str(args.refresh_every), "--refresh-mode", mode, "--batch-size", str(args.batch_size),
-        "--learning-rate", str(args.learning_rate), "--seed", str(args.seed), "--logging-steps", str(args.eval_every),
-        "--embedding-dropout", "0", "--config-overrides", stages.preset.model, "--no-progress",
-    ]  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(corpus)
-    blocks = load_corpus(corpus)
-    queries = fixed_masked_queries(tokenizer, blocks, num_queries=256, seed=args.seed + 1)
-    evaluation = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=args.eval_every, k=8)
-    pretrain.run(parser.parse_args(argv), callbacks=[evaluation])
-    return evaluation.history
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     share_cpu_cores()
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    stages = Stages(output, PRESETS["default"], args.seed, progress=False)
+    preset = dataclasses.replace(
+        PRESETS["default"],
+        pretrain_steps=args.steps,
+        refresh_every=args.refresh_every,
+        pretrain_batch_size=args.batch_size,
+        pretrain_learning_rate=args.learning_rate,
+        pretrain_embedder_learning_rate=args.learning_rate,  # one lr for both towers here
+        eval_every=args.eval_every,
+    )
+    stages = Stages(output, preset, args.seed, progress=False)
     corpus = stages.run("corpus", stages.corpus, stages.run("world", stages.world))
     embedder = str(stages.run("ICT", stages.ict, corpus)) if args.embedder == "ict" else "random"
     encoder = (
@@ -82,13 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for mode in args.modes.split(","):
         runs[mode] = stages.run(
-            f"REALM pre-training, refresh {mode}", pretrain_once, stages, corpus, embedder, encoder, mode, args
-        )
+            f"REALM pre-training, refresh {mode}",
+            stages.pretrain,
+            corpus,
+            embedder,
+            encoder,
+            mode,
+            f"pretrain-{mode}",
+            8,
+        )["history"]
 
     results = {
         "command": "python benchmarks/bench_learning.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": platform.platform(),
-        "cpus": torch.get_num_threads(),
+        "cpu_threads": torch.get_num_threads(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "timings_s": stages.timings,

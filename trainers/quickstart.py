@@ -195,8 +195,17 @@ class Stages:
         tokenizer.save_pretrained(self.path("initial-encoder"))
         return self.path("initial-encoder")
 
-    def pretrain(self, corpus: Path, embedder: Path, encoder: Path) -> dict:
-        """REALM pre-training with the async refresh; Figure 4's points come from a PretrainingEvalCallback."""
+    def pretrain(
+        self,
+        corpus: Path,
+        embedder: Path | str,
+        encoder: Path | str,
+        mode: str = "async",
+        name: str = "pretrain",
+        k: int = 5,
+    ) -> dict:
+        """REALM pre-training into OUTPUT/name with the index refresh `mode` (async here; benchmarks/bench_learning.py
+        compares modes); Figure 4's points (utility, recall@k) come from a PretrainingEvalCallback."""
         from transformers import AutoTokenizer
 
         from openrealm.tokenization.corpus import load_corpus
@@ -208,20 +217,21 @@ class Stages:
         pretrain.add_arguments(parser)
         argv = [
             "--corpus", str(corpus), "--embedder", str(embedder), "--encoder", str(encoder),
-            "--output", str(self.path("pretrain")),
+            "--output", str(self.path(name)),
             "--max-steps", str(preset.pretrain_steps), "--refresh-every", str(preset.refresh_every),
-            "--refresh-mode", "async", "--batch-size", str(preset.pretrain_batch_size),
+            "--refresh-mode", mode, "--batch-size", str(preset.pretrain_batch_size),
             "--learning-rate", str(preset.pretrain_learning_rate), "--seed", str(self.seed),
             "--embedder-learning-rate", str(preset.pretrain_embedder_learning_rate),
             "--logging-steps", str(preset.eval_every), "--embedding-dropout", "0",
+            "--config-overrides", preset.model,  # sizes the towers given as "random"
         ]  # fmt: skip
         args = parser.parse_args(argv + ([] if self.progress else ["--no-progress"]))
         tokenizer = AutoTokenizer.from_pretrained(corpus)
         blocks = load_corpus(corpus)
         queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=self.seed + 1)
-        evaluation = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=preset.eval_every, k=5)
+        evaluation = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=preset.eval_every, k=k)
         pretrain.run(args, callbacks=[evaluation])
-        return {"history": evaluation.history, "summary": self.path("pretrain") / "pretraining.json"}
+        return {"history": evaluation.history, "summary": self.path(name) / "pretraining.json"}
 
     def finetune(self, name: str, embedder: Path, encoder: Path | str) -> Path:
         """Open-QA fine-tuning on the world's training questions; dev questions evaluated before and after."""
