@@ -1,15 +1,16 @@
 """Does REALM pre-training learn on the synthetic world? Issue 4 §6's measurement, refresh on against refresh off.
 
     python benchmarks/bench_learning.py --output /tmp/realm-learning [--embedder ict|random] [--encoder random|FOLDER]
-        [--steps 300] [--refresh-every 25] [--modes sync,off] [--seed 0]
+        [--steps 300] [--refresh-every 25] [--modes sync,off[,answer-positive]] [--seed 0]
 
 Builds the quickstart's default world, vocabulary and corpus (64-wordpiece blocks), an ICT embedder (or a random one)
 and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM pre-training once per refresh
 mode from the same start, scoring fixed masked queries every `--eval-every` steps with `evaluate_pretraining`:
 recall@8 of a block holding the masked span (fresh exact index of the current embedder), retrieval utility against
 the null document, MLM accuracy. The paper's claims (§4.5, Table 3 "stale MIPS") are utility > 0, recall rising far
-above the initial index's, and less learning with the index never refreshed. Writes OUTPUT/results.json and prints
-a markdown table for benchmarks/RESULTS.md.
+above the initial index's, and less learning with the index never refreshed. Mode `answer-positive` is the
+retriever's upper bound: the embedder alone, trained with an answer block of each query as its positive (the signal a
+perfect reader would give). Writes OUTPUT/results.json and prints a markdown table for benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder", default="random", help="random, or a RealmKnowledgeAugEncoder folder")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--refresh-every", type=int, default=25)
-    parser.add_argument("--modes", default="sync,off", help="refresh modes to compare (sync is deterministic)")
+    parser.add_argument(
+        "--modes",
+        default="sync,off",
+        help="refresh modes to compare (sync is deterministic); 'answer-positive' adds the retriever's upper bound",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--eval-every", type=int, default=50)
@@ -58,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     stages = Stages(output, preset, args.seed, progress=False)
     corpus = stages.run("corpus", stages.corpus, stages.run("world", stages.world))
-    embedder = str(stages.run("ICT", stages.ict, corpus)) if args.embedder == "ict" else "random"
+    embedder = str(
+        stages.run("ICT", stages.ict, corpus) if args.embedder == "ict" else initial_embedder(stages, corpus)
+    )
     encoder = (
         str(stages.run("initial encoder", stages.initial_encoder, corpus))
         if args.encoder == "random"
@@ -66,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs = {}
     for mode in args.modes.split(","):
+        if mode == "answer-positive":
+            runs[mode] = stages.run("retriever with answer-block positives", answer_positive, stages, corpus, embedder)
+            continue
         runs[mode] = stages.run(
             f"REALM pre-training, refresh {mode}",
             stages.pretrain,
@@ -93,6 +103,67 @@ def main(argv: list[str] | None = None) -> int:
             values = " | ".join(f"{entry.get('eval_' + name, float('nan')):.3f}" for name in METRICS)
             print(f"| {mode} | {entry['step']} | {values} |")
     return 0
+
+
+def answer_positive(stages, corpus: Path, embedder_folder: str) -> list[dict]:
+    """What a perfect reader's signal could give the retriever at most: the embedder alone, trained for as many steps
+    and at the same batch size and lr as pre-training, with an answer block of each masked query (another block
+    holding the span) as its positive against the batch's other positives (in-batch softmax). REALM's gradient
+    reaches an answer block only when it is among the 7 retrieved candidates and the reader copies from it."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.masking import SalientSpanCollator
+    from openrealm.trainers.ict import load_embedder
+    from openrealm.trainers.pretrain_eval import fixed_masked_queries, fresh_index, recall_at_k
+    from openrealm.trainers.pretraining import CANDIDATE_SEQ_LEN, block_retriever_inputs
+
+    preset, tokenizer, blocks = stages.preset, AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
+    embedder = load_embedder(embedder_folder, tokenizer, seed=stages.seed)
+    queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=stages.seed + 1)
+    masker, rng, texts = SalientSpanCollator(tokenizer, seed=stages.seed), random.Random(stages.seed), blocks["text"]
+    optimizer = torch.optim.AdamW(embedder.parameters(), lr=preset.pretrain_embedder_learning_rate, weight_decay=0.01)
+    history = []
+    for step in range(preset.pretrain_steps + 1):
+        if step % preset.eval_every == 0 or step == preset.pretrain_steps:
+            index = fresh_index(embedder, tokenizer, blocks)
+            history.append({"step": step, "eval_recall@8": recall_at_k(embedder, index, queries, 8)})
+        if step == preset.pretrain_steps:
+            return history
+        batch = masker([blocks[i] for i in rng.sample(range(len(blocks)), preset.pretrain_batch_size)])
+        rows, positives = [], []
+        for row, (own, text, (start, end)) in enumerate(
+            zip(batch["block_id"].tolist(), batch["query_text"], batch["span"].tolist())
+        ):
+            answers = [i for i, block_text in enumerate(texts) if i != own and text[start:end] in block_text]
+            if answers:
+                rows.append(row)
+                positives.append(blocks[rng.choice(answers)])
+        docs = [
+            block_retriever_inputs(d["title_ids"], d["token_ids"], tokenizer, CANDIDATE_SEQ_LEN) for d in positives
+        ]
+        docs = tokenizer.pad(docs, return_tensors="pt")
+        query_ids = batch["query_input_ids"][rows]
+        query = embedder(query_ids, attention_mask=batch["query_attention_mask"][rows], token_type_ids=0 * query_ids)
+        scores = query.projected_score @ embedder(**docs).projected_score.T  # [B, B]
+        torch.nn.functional.cross_entropy(scores, torch.arange(len(rows))).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def initial_embedder(stages, corpus: Path) -> Path:
+    """A random embedder sized by the preset, saved as a folder (so a given encoder folder keeps its own sizes)."""
+    from transformers import AutoTokenizer
+
+    from openrealm.trainers.ict import load_embedder, parse_config_overrides
+
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    embedder = load_embedder("random", tokenizer, parse_config_overrides(stages.preset.model), stages.seed)
+    embedder.save_pretrained(stages.path("initial-embedder"))
+    tokenizer.save_pretrained(stages.path("initial-embedder"))
+    return stages.path("initial-embedder")
 
 
 if __name__ == "__main__":

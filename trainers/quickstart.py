@@ -223,7 +223,6 @@ class Stages:
             "--learning-rate", str(preset.pretrain_learning_rate), "--seed", str(self.seed),
             "--embedder-learning-rate", str(preset.pretrain_embedder_learning_rate),
             "--logging-steps", str(preset.eval_every), "--embedding-dropout", "0",
-            "--config-overrides", preset.model,  # sizes the towers given as "random"
         ]  # fmt: skip
         args = parser.parse_args(argv + ([] if self.progress else ["--no-progress"]))
         tokenizer = AutoTokenizer.from_pretrained(corpus)
