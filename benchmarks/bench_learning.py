@@ -63,14 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     stages = Stages(output, preset, args.seed, progress=False)
     corpus = stages.run("corpus", stages.corpus, stages.run("world", stages.world))
-    embedder = str(
-        stages.run("ICT", stages.ict, corpus) if args.embedder == "ict" else initial_embedder(stages, corpus)
-    )
-    encoder = (
-        str(stages.run("initial encoder", stages.initial_encoder, corpus))
-        if args.encoder == "random"
-        else args.encoder
-    )
+    # A random tower is saved as a folder first, so that a given encoder folder keeps its own sizes.
+    if args.embedder == "ict":
+        embedder = str(stages.run("ICT", stages.ict, corpus))
+    else:
+        embedder = str(stages.run("initial embedder", stages.initial_tower, corpus, "embedder"))
+    if args.encoder == "random":
+        encoder = str(stages.run("initial encoder", stages.initial_tower, corpus, "encoder"))
+    else:
+        encoder = args.encoder
     runs = {}
     for mode in args.modes.split(","):
         if mode == "answer-positive":
@@ -117,7 +118,7 @@ def answer_positive(stages, corpus: Path, embedder_folder: str) -> list[dict]:
     from openrealm.tokenization.corpus import load_corpus
     from openrealm.tokenization.masking import SalientSpanCollator
     from openrealm.trainers.ict import load_embedder
-    from openrealm.trainers.pretrain_eval import fixed_masked_queries, fresh_index, recall_at_k
+    from openrealm.trainers.pretrain_eval import answer_block_ids, fixed_masked_queries, fresh_index, recall_at_k
     from openrealm.trainers.pretraining import CANDIDATE_SEQ_LEN, block_retriever_inputs
 
     preset, tokenizer, blocks = stages.preset, AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
@@ -133,37 +134,22 @@ def answer_positive(stages, corpus: Path, embedder_folder: str) -> list[dict]:
         if step == preset.pretrain_steps:
             return history
         batch = masker([blocks[i] for i in rng.sample(range(len(blocks)), preset.pretrain_batch_size)])
-        rows, positives = [], []
-        for row, (own, text, (start, end)) in enumerate(
-            zip(batch["block_id"].tolist(), batch["query_text"], batch["span"].tolist())
-        ):
-            answers = [i for i, block_text in enumerate(texts) if i != own and text[start:end] in block_text]
-            if answers:
-                rows.append(row)
-                positives.append(blocks[rng.choice(answers)])
+        spans = [text[start:end] for text, (start, end) in zip(batch["query_text"], batch["span"].tolist())]
+        answers = answer_block_ids(texts, batch["block_id"].tolist(), spans)
+        rows = [row for row, ids in enumerate(answers) if ids]
+        positives = [blocks[rng.choice(answers[row])] for row in rows]
         docs = [
             block_retriever_inputs(d["title_ids"], d["token_ids"], tokenizer, CANDIDATE_SEQ_LEN) for d in positives
         ]
         docs = tokenizer.pad(docs, return_tensors="pt")
         query_ids = batch["query_input_ids"][rows]
-        query = embedder(query_ids, attention_mask=batch["query_attention_mask"][rows], token_type_ids=0 * query_ids)
+        query = embedder(
+            query_ids, attention_mask=batch["query_attention_mask"][rows], token_type_ids=torch.zeros_like(query_ids)
+        )
         scores = query.projected_score @ embedder(**docs).projected_score.T  # [B, B]
         torch.nn.functional.cross_entropy(scores, torch.arange(len(rows))).backward()
         optimizer.step()
         optimizer.zero_grad()
-
-
-def initial_embedder(stages, corpus: Path) -> Path:
-    """A random embedder sized by the preset, saved as a folder (so a given encoder folder keeps its own sizes)."""
-    from transformers import AutoTokenizer
-
-    from openrealm.trainers.ict import load_embedder, parse_config_overrides
-
-    tokenizer = AutoTokenizer.from_pretrained(corpus)
-    embedder = load_embedder("random", tokenizer, parse_config_overrides(stages.preset.model), stages.seed)
-    embedder.save_pretrained(stages.path("initial-embedder"))
-    tokenizer.save_pretrained(stages.path("initial-embedder"))
-    return stages.path("initial-embedder")
 
 
 if __name__ == "__main__":

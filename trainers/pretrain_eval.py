@@ -59,11 +59,16 @@ def fixed_masked_queries(
         raise ValueError(f"none of the {len(order)} sampled blocks gave a masked query (no salient spans?)")
     texts = blocks["text"] if hasattr(blocks, "column_names") else [row["text"] for row in blocks]
     queries["span_text"] = [text[s:e] for text, (s, e) in zip(queries["query_text"], queries["span"].tolist())]
-    queries["answer_block_ids"] = [
-        [i for i, text in enumerate(texts) if i != own and span in text]
-        for own, span in zip(queries["block_id"].tolist(), queries["span_text"])
-    ]
+    queries["answer_block_ids"] = answer_block_ids(texts, queries["block_id"].tolist(), queries["span_text"])
     return queries
+
+
+def answer_block_ids(texts: Sequence[str], own_block_ids: Sequence[int], spans: Sequence[str]) -> list[list[int]]:
+    """Per query: the blocks other than its own whose text contains its masked span (what the encoder could copy the
+    span from). texts: every block's text; own_block_ids, spans: one per query."""
+    return [
+        [i for i, text in enumerate(texts) if i != own and span in text] for own, span in zip(own_block_ids, spans)
+    ]
 
 
 def _query_rows(queries: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
@@ -248,6 +253,7 @@ def curves(log_history: Sequence[dict], metric: str = "eval_retrieval_utility") 
 
 __all__ = [
     "PretrainingEvalCallback",
+    "answer_block_ids",
     "curves",
     "evaluate_pretraining",
     "fixed_masked_queries",

@@ -182,18 +182,20 @@ class Stages:
         ict.main(argv + ([] if self.progress else ["--no-progress"]))
         return self.path("ict")
 
-    def initial_encoder(self, corpus: Path) -> Path:
-        """The randomly initialised encoder both REALM pre-training and the no-pre-training baseline start from."""
+    def initial_tower(self, corpus: Path, tower: str = "encoder") -> Path:
+        """A randomly initialised tower ("encoder" or "embedder") sized by the preset, saved as OUTPUT/initial-<tower>:
+        REALM pre-training and the no-pre-training baseline start from the initial encoder."""
         from transformers import AutoTokenizer
 
-        from openrealm.trainers.ict import parse_config_overrides
+        from openrealm.trainers.ict import load_embedder, parse_config_overrides
         from openrealm.trainers.pretrain import load_encoder
 
         tokenizer = AutoTokenizer.from_pretrained(corpus)
-        encoder = load_encoder("random", tokenizer, parse_config_overrides(self.preset.model), self.seed)
-        encoder.save_pretrained(self.path("initial-encoder"))
-        tokenizer.save_pretrained(self.path("initial-encoder"))
-        return self.path("initial-encoder")
+        load = {"encoder": load_encoder, "embedder": load_embedder}[tower]
+        model = load("random", tokenizer, parse_config_overrides(self.preset.model), self.seed)
+        model.save_pretrained(self.path(f"initial-{tower}"))
+        tokenizer.save_pretrained(self.path(f"initial-{tower}"))
+        return self.path(f"initial-{tower}")
 
     def pretrain(
         self,
@@ -455,7 +457,7 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
     world = stages.run("world of fictional entities", stages.world)
     corpus = stages.run("vocabulary, blocks and salient spans", stages.corpus, world)
     embedder = stages.run("ICT warm start of the retriever", stages.ict, corpus)
-    encoder = stages.initial_encoder(corpus)
+    encoder = stages.initial_tower(corpus)
     pretraining = stages.run("REALM pre-training with async index refresh", stages.pretrain, corpus, embedder, encoder)
     pretrained = stages.path("pretrain")
     realm = stages.run("open-QA fine-tuning (REALM)", stages.finetune, "realm", pretrained / "embedder",
