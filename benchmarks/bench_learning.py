@@ -2,8 +2,9 @@
 
     python benchmarks/bench_learning.py --output /tmp/realm-learning [--embedder ict|random] [--encoder random|FOLDER]
         [--steps 300] [--refresh-every 25] [--modes sync,off[,answer-positive]] [--seed 0]
+        [--world num_people=40,...] [--embedder-learning-rate LR]
 
-Builds the quickstart's default world, vocabulary and corpus (64-wordpiece blocks), an ICT embedder (or a random one)
+Builds the quickstart's default world (or one resized by `--world`), vocabulary and corpus (64-wordpiece blocks), an ICT embedder (or a random one)
 and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM pre-training once per refresh
 mode from the same start, scoring fixed masked queries every `--eval-every` steps with `evaluate_pretraining`:
 recall@8 of a block holding the masked span (fresh exact index of the current embedder), retrieval utility against
@@ -26,7 +27,14 @@ from pathlib import Path
 import torch
 import transformers
 
-METRICS = ("recall@8", "retrieval_utility", "mlm_accuracy", "null_doc_prob", "answer_in_candidates")
+METRICS = (
+    "recall@8",
+    "retrieval_utility",
+    "mlm_accuracy",
+    "null_doc_prob",
+    "retrieval_entropy",
+    "answer_in_candidates",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--embedder-learning-rate", type=float, help="default: --learning-rate")
+    parser.add_argument(
+        "--world",
+        default="",
+        help="generate_world overrides of the quickstart's default world, e.g. num_people=40,num_cities=12",
+    )
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -52,13 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     share_cpu_cores()
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
+    world = dict(PRESETS["default"].world)
+    for item in filter(None, args.world.split(",")):
+        key, _, value = item.partition("=")
+        world[key.strip()] = int(value)
+    embedder_lr = args.learning_rate if args.embedder_learning_rate is None else args.embedder_learning_rate
     preset = dataclasses.replace(
         PRESETS["default"],
+        world=world,
         pretrain_steps=args.steps,
         refresh_every=args.refresh_every,
         pretrain_batch_size=args.batch_size,
         pretrain_learning_rate=args.learning_rate,
-        pretrain_embedder_learning_rate=args.learning_rate,  # one lr for both towers here
+        pretrain_embedder_learning_rate=embedder_lr,
         eval_every=args.eval_every,
     )
     stages = Stages(output, preset, args.seed, progress=False)

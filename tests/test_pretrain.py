@@ -278,7 +278,13 @@ def test_pretraining_job_logs_realm_metrics_and_saves_loadable_towers(corpus, tm
     summary = json.loads((output / "pretraining.json").read_text())
     logs = [entry for entry in summary["log_history"] if "loss" in entry]
     assert [entry["step"] for entry in logs] == [1, 2, 3, 4]
-    for name in ("retrieval_utility", "null_doc_prob", "num_trivial_retrieved", "index_staleness_seconds"):
+    for name in (
+        "retrieval_utility",
+        "null_doc_prob",
+        "retrieval_entropy",
+        "num_trivial_retrieved",
+        "index_staleness_seconds",
+    ):
         assert all(name in entry for entry in logs), name
     # Sync refreshes at steps 2 and 4: the index in use and its staleness as logged after each step.
     assert [entry["index_version"] for entry in logs] == [0, 1, 1, 2]

@@ -2,6 +2,7 @@
 recall@8 of a block holding the masked span) and its periodic callback, on a small synthetic world (issue 4 §6)."""
 
 import argparse
+import math
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from openrealm.trainers.pretrain_eval import (
     fresh_index,
     recall_at_k,
 )
-from openrealm.trainers.pretraining import RealmPretrainingModel
+from openrealm.trainers.pretraining import NUM_CANDIDATES, RealmPretrainingModel
 from openrealm.trainers.synthetic_world import generate_world
 
 TINY = "hidden_size=64,num_hidden_layers=1,num_attention_heads=4,intermediate_size=256,retriever_proj_size=32,"
@@ -98,6 +99,8 @@ def test_a_random_encoder_gets_no_retrieval_utility(tokenizer, blocks, queries):
     assert metrics["mlm_loss"] == pytest.approx(torch.log(torch.tensor(float(len(tokenizer)))).item(), abs=0.5)
     assert metrics["num_queries"] == 64 and metrics["num_tokens"] >= 64
     assert 0 <= metrics["answer_in_candidates"] <= 1 and 0 < metrics["null_doc_prob"] < 1
+    # A random embedder gives every block nearly the same embedding: p(z|x) is close to uniform over the K candidates.
+    assert metrics["retrieval_entropy"] == pytest.approx(math.log(NUM_CANDIDATES), abs=0.01)
 
 
 def test_eval_callback_logs_utility_and_recall_every_n_steps(corpus, tokenizer, blocks, queries, tmp_path):

@@ -1,5 +1,6 @@
 """REALM pre-training: candidate lists and inputs (Google §2.3, §3.3-§3.4) and the marginal MLM model (§3.2, §3.5-§3.6)."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -266,6 +267,22 @@ def test_retrieval_utility_is_zero_when_every_candidate_is_the_null_document(rea
     output = make_model()(**batch)
     assert output.retrieval_utility.item() == pytest.approx(0.0, abs=1e-5)
     assert output.null_doc_prob.item() == pytest.approx(1 / batch["candidate_input_ids"].shape[1], rel=1e-5)
+
+
+def test_retrieval_entropy_is_the_entropy_of_the_candidate_prior(realm_batch):
+    model = make_model()
+    output = model(**realm_batch)
+    prior, _ = by_hand(model, realm_batch)
+    expected = -(prior.exp() * prior).sum(1).mean()
+    assert output.retrieval_entropy.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_retrieval_entropy_is_log_k_when_every_candidate_scores_the_same(realm_batch):
+    batch = dict(realm_batch)
+    for name in ("candidate_input_ids", "candidate_token_type_ids", "candidate_attention_mask"):
+        batch[name] = realm_batch[name][:, :1].expand_as(realm_batch[name])
+    output = make_model()(**batch)
+    assert output.retrieval_entropy.item() == pytest.approx(math.log(batch["candidate_input_ids"].shape[1]), rel=1e-5)
 
 
 def test_gradients_reach_the_embedder_from_the_query_and_the_document_side(realm_batch):

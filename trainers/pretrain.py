@@ -13,7 +13,8 @@ The loop is the stock `Trainer`; the REALM parts are a data collator (`SalientSp
 examples object with the collator and swaps its (query embedder, index) pair. Before training, index version 0 is built
 from the initial embedder into OUTPUT/index (or `--index ROOT` is loaded; it must have been built from --embedder).
 
-Logged with the loss: retrieval_utility, null_doc_prob, top/oracle candidate log-probs (Google §3.6), the examples'
+Logged with the loss: retrieval_utility, null_doc_prob, retrieval_entropy (of p(z|x): near 0 means a saturated
+retrieval softmax), top/oracle candidate log-probs (Google §3.6), the examples'
 counters (trivial retrievals, examples dropped for duplicate uids, queries skipped by the masker), the batches' index
 version and the refresh metrics (index_version, index_staleness_steps/seconds, refresh_stall_seconds, builds).
 
@@ -79,7 +80,13 @@ from openrealm.trainers.pretraining import (
 from openrealm.trainers.refresh import MODES, IndexRefreshCallback, snapshot_embedder
 
 LEARNING_RATE = 3e-5  # Google's --learning_rate default
-OUTPUT_METRICS = ("retrieval_utility", "null_doc_prob", "top_candidate_log_prob", "oracle_candidate_log_prob")
+OUTPUT_METRICS = (
+    "retrieval_utility",
+    "null_doc_prob",
+    "retrieval_entropy",
+    "top_candidate_log_prob",
+    "oracle_candidate_log_prob",
+)
 BATCH_EXTRAS = ("uid", "stats", "index_version", "block_id", "candidate_block_ids", "num_skipped")
 REFRESH_STATE_NAME = "refresh_state.json"
 QUERY_EMBEDDER_DIR = "query_embedder"

@@ -13,7 +13,7 @@ Metrics (`evaluate_pretraining`):
 - `retrieval_utility` (Google §3.6, per masked token): log p(y|x) marginalised over the K candidates minus
   log p(y|null document, x); > 0 when the retrieved documents help the encoder.
 - `mlm_loss` (-mean marginal log p(y|x)), `mlm_accuracy` (argmax of the marginal p(y|x) = the masked token),
-  `null_doc_prob` (mean p(null|x)), `answer_in_candidates` (fraction of examples whose K candidates hold an answer
+  `null_doc_prob` (mean p(null|x)), `retrieval_entropy` (mean entropy of p(z|x) over the K candidates, nats), `answer_in_candidates` (fraction of examples whose K candidates hold an answer
   block), `num_queries`, `num_answerable` (queries with an answer block somewhere), `num_tokens`.
 
 By default the candidates come from a fresh exact index of the current embedder (what a refresh would give); pass
@@ -149,7 +149,8 @@ def evaluate_pretraining(
 
 def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, Any], batch_size: int) -> dict:
     answers = dict(zip(queries["uid"], queries["answer_block_ids"]))
-    sums = {"utility": 0.0, "log_prob": 0.0, "correct": 0, "tokens": 0, "null_prob": 0.0, "found": 0, "examples": 0}
+    sums = {"utility": 0.0, "log_prob": 0.0, "correct": 0, "tokens": 0, "null_prob": 0.0, "entropy": 0.0}
+    sums.update(found=0, examples=0)
     for start in range(0, len(queries["uid"]), batch_size):
         batch = examples(_query_rows(queries, start, start + batch_size))
         if not batch["uid"]:
@@ -162,6 +163,7 @@ def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, A
         sums["correct"] += int((predicted == batch["labels"][mask]).sum())
         sums["tokens"] += int(mask.sum())
         sums["null_prob"] += float(output.candidate_log_prob[:, 0].exp().sum())
+        sums["entropy"] += float(output.retrieval_entropy) * len(batch["uid"])
         for uid, candidates in zip(batch["uid"], batch["candidate_block_ids"].tolist()):
             sums["found"] += bool(set(candidates) & set(answers[uid]))
         sums["examples"] += len(batch["uid"])
@@ -171,6 +173,7 @@ def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, A
         "mlm_loss": -sums["log_prob"] / tokens,
         "mlm_accuracy": sums["correct"] / tokens,
         "null_doc_prob": sums["null_prob"] / count,
+        "retrieval_entropy": sums["entropy"] / count,
         "answer_in_candidates": sums["found"] / count,
         "num_tokens": sums["tokens"],
     }

@@ -239,7 +239,8 @@ class RealmPretrainingOutput(ModelOutput):
     `relevance_score` [B, K] = q·d; `candidate_log_prob` [B, K] = log p(z|x); `token_log_prob` [N, K] =
     log p(y_j|z_k,x) at the N masked tokens (row-major over (b, position)); `marginal_log_prob` [N];
     `retrieval_utility`: mean over masked tokens of m - log p(y|null,x) (Google §3.6); `null_doc_prob`: mean p(null|x);
-    `top_candidate_log_prob`: mean log p(y|z*,x) with z* = argmax_k p(z_k|x); `oracle_candidate_log_prob`: the same
+    `retrieval_entropy`: mean entropy of p(z|x) over the K candidates in nats (log K: uniform; near 0: one candidate
+    takes all the mass and the retriever's gradient, p(z|x,y) - p(z|x), vanishes); `top_candidate_log_prob`: mean log p(y|z*,x) with z* = argmax_k p(z_k|x); `oracle_candidate_log_prob`: the same
     with z* = the candidate of highest reader likelihood of the example's masked tokens; `query_emb` [B, P],
     `candidate_emb` [B, K, P] (after dropout)."""
 
@@ -250,6 +251,7 @@ class RealmPretrainingOutput(ModelOutput):
     marginal_log_prob: torch.FloatTensor | None = None
     retrieval_utility: torch.FloatTensor | None = None
     null_doc_prob: torch.FloatTensor | None = None
+    retrieval_entropy: torch.FloatTensor | None = None
     top_candidate_log_prob: torch.FloatTensor | None = None
     oracle_candidate_log_prob: torch.FloatTensor | None = None
     query_emb: torch.FloatTensor | None = None
@@ -365,8 +367,8 @@ class RealmPretrainingModel(nn.Module):
         marginal_log_prob: torch.Tensor,
         rows: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        """Google §3.6 retrieval_utility (index 0 is the null document), plus p(null|x) and the reader's log-prob of the
-        retriever's top candidate and of the best candidate in hindsight."""
+        """Google §3.6 retrieval_utility (index 0 is the null document), plus p(null|x), the entropy of p(z|x) and the
+        reader's log-prob of the retriever's top candidate and of the best candidate in hindsight."""
         batch_size, num_candidates = candidate_log_prob.shape
         top = candidate_log_prob.argmax(-1)[rows]  # [N]
         per_example = torch.zeros(batch_size, num_candidates, device=token_log_prob.device)
@@ -375,6 +377,7 @@ class RealmPretrainingModel(nn.Module):
         return {
             "retrieval_utility": (marginal_log_prob - token_log_prob[:, 0]).mean(),
             "null_doc_prob": candidate_log_prob[:, 0].exp().mean(),
+            "retrieval_entropy": -(candidate_log_prob.exp() * candidate_log_prob).sum(-1).mean(),
             "top_candidate_log_prob": token_log_prob.gather(1, top[:, None]).mean(),
             "oracle_candidate_log_prob": token_log_prob.gather(1, oracle[:, None]).mean(),
         }
