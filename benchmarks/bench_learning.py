@@ -4,14 +4,15 @@
         [--steps 300] [--refresh-every 25] [--modes sync,off[,answer-positive]] [--seed 0]
         [--world num_people=40,...] [--embedder-learning-rate LR]
 
-Builds the quickstart's default world (or one resized by `--world`), vocabulary and corpus (64-wordpiece blocks), an ICT embedder (or a random one)
-and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM pre-training once per refresh
-mode from the same start, scoring fixed masked queries every `--eval-every` steps with `evaluate_pretraining`:
-recall@8 of a block holding the masked span (fresh exact index of the current embedder), retrieval utility against
-the null document, MLM accuracy. The paper's claims (§4.5, Table 3 "stale MIPS") are utility > 0, recall rising far
-above the initial index's, and less learning with the index never refreshed. Mode `answer-positive` is the
-retriever's upper bound: the embedder alone, trained with an answer block of each query as its positive (the signal a
-perfect reader would give). Writes OUTPUT/results.json and prints a markdown table for benchmarks/RESULTS.md.
+Builds the quickstart's default world (or one resized by `--world`), vocabulary and corpus (64-wordpiece blocks), an ICT
+embedder (or a random one) and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM
+pre-training once per refresh mode from the same start, scoring fixed masked queries every `--eval-every` steps with
+`evaluate_pretraining`: recall@8 of a block holding the masked span (fresh exact index of the current embedder),
+retrieval utility against the null document, MLM accuracy. The paper's claims (§4.5, Table 3 "stale MIPS") are
+utility > 0, recall rising far above the initial index's, and less learning with the index never refreshed. Mode
+`answer-positive` is the retriever's upper bound: the embedder alone, trained with an answer block of each query as its
+positive (the signal a perfect reader would give). Writes OUTPUT/results.json and prints a markdown table for
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -61,15 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
+    from openrealm.trainers.ict import parse_config_overrides
     from openrealm.trainers.quickstart import PRESETS, Stages, share_cpu_cores
 
     share_cpu_cores()
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    world = dict(PRESETS["default"].world)
-    for item in filter(None, args.world.split(",")):
-        key, _, value = item.partition("=")
-        world[key.strip()] = int(value)
+    world = {**PRESETS["default"].world, **parse_config_overrides(args.world)}
     embedder_lr = args.learning_rate if args.embedder_learning_rate is None else args.embedder_learning_rate
     preset = dataclasses.replace(
         PRESETS["default"],

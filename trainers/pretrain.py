@@ -13,10 +13,10 @@ The loop is the stock `Trainer`; the REALM parts are a data collator (`SalientSp
 examples object with the collator and swaps its (query embedder, index) pair. Before training, index version 0 is built
 from the initial embedder into OUTPUT/index (or `--index ROOT` is loaded; it must have been built from --embedder).
 
-Logged with the loss: retrieval_utility, null_doc_prob, retrieval_entropy (of p(z|x): near 0 means a saturated
-retrieval softmax), top/oracle candidate log-probs (Google §3.6), the examples'
-counters (trivial retrievals, examples dropped for duplicate uids, queries skipped by the masker), the batches' index
-version and the refresh metrics (index_version, index_staleness_steps/seconds, refresh_stall_seconds, builds).
+Logged with the loss: retrieval_utility, null_doc_prob, retrieval_entropy (of p(z|x): near 0 means a saturated retrieval
+softmax), top/oracle candidate log-probs (Google §3.6), the examples' counters (trivial retrievals, examples dropped for
+duplicate uids, queries skipped by the masker), the batches' index version and the refresh metrics (index_version,
+index_staleness_steps/seconds, refresh_stall_seconds, builds).
 
 OUTPUT at the end: `embedder/` (RealmEmbedder), `encoder/` (RealmKnowledgeAugEncoder), `scorer/` (RealmScorer holding
 the embedder's weights), each with the tokenizer and a model card (README.md, `openrealm.hub_cards`), the tokenizer at

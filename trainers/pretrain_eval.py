@@ -13,8 +13,9 @@ Metrics (`evaluate_pretraining`):
 - `retrieval_utility` (Google §3.6, per masked token): log p(y|x) marginalised over the K candidates minus
   log p(y|null document, x); > 0 when the retrieved documents help the encoder.
 - `mlm_loss` (-mean marginal log p(y|x)), `mlm_accuracy` (argmax of the marginal p(y|x) = the masked token),
-  `null_doc_prob` (mean p(null|x)), `retrieval_entropy` (mean entropy of p(z|x) over the K candidates, nats), `answer_in_candidates` (fraction of examples whose K candidates hold an answer
-  block), `num_queries`, `num_answerable` (queries with an answer block somewhere), `num_tokens`.
+  `null_doc_prob` (mean p(null|x)), `retrieval_entropy` (mean entropy of p(z|x) over the K candidates, nats),
+  `answer_in_candidates` (fraction of examples whose K candidates hold an answer block), `num_queries`,
+  `num_answerable` (queries with an answer block somewhere), `num_tokens`.
 
 By default the candidates come from a fresh exact index of the current embedder (what a refresh would give); pass
 `index` and `query_embedder` (e.g. the pair a training run is using) to score the candidates a stale index gives.
@@ -149,8 +150,16 @@ def evaluate_pretraining(
 
 def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, Any], batch_size: int) -> dict:
     answers = dict(zip(queries["uid"], queries["answer_block_ids"]))
-    sums = {"utility": 0.0, "log_prob": 0.0, "correct": 0, "tokens": 0, "null_prob": 0.0, "entropy": 0.0}
-    sums.update(found=0, examples=0)
+    sums = {
+        "utility": 0.0,
+        "log_prob": 0.0,
+        "correct": 0,
+        "tokens": 0,
+        "null_prob": 0.0,
+        "entropy": 0.0,
+        "found": 0,
+        "examples": 0,
+    }
     for start in range(0, len(queries["uid"]), batch_size):
         batch = examples(_query_rows(queries, start, start + batch_size))
         if not batch["uid"]:

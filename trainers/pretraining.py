@@ -235,14 +235,14 @@ class RealmPretrainingExamples:
 
 @dataclass
 class RealmPretrainingOutput(ModelOutput):
-    """`loss` (scalar): -mean over masked tokens of m = logsumexp_k [log p(z_k|x) + log p(y|z_k,x)];
-    `relevance_score` [B, K] = q·d; `candidate_log_prob` [B, K] = log p(z|x); `token_log_prob` [N, K] =
-    log p(y_j|z_k,x) at the N masked tokens (row-major over (b, position)); `marginal_log_prob` [N];
-    `retrieval_utility`: mean over masked tokens of m - log p(y|null,x) (Google §3.6); `null_doc_prob`: mean p(null|x);
-    `retrieval_entropy`: mean entropy of p(z|x) over the K candidates in nats (log K: uniform; near 0: one candidate
-    takes all the mass and the retriever's gradient, p(z|x,y) - p(z|x), vanishes); `top_candidate_log_prob`: mean log p(y|z*,x) with z* = argmax_k p(z_k|x); `oracle_candidate_log_prob`: the same
-    with z* = the candidate of highest reader likelihood of the example's masked tokens; `query_emb` [B, P],
-    `candidate_emb` [B, K, P] (after dropout)."""
+    """`loss` (scalar): -mean over masked tokens of m = logsumexp_k [log p(z_k|x) + log p(y|z_k,x)]; `relevance_score`
+    [B, K] = q·d; `candidate_log_prob` [B, K] = log p(z|x); `token_log_prob` [N, K] = log p(y_j|z_k,x) at the N masked
+    tokens (row-major over (b, position)); `marginal_log_prob` [N]; `retrieval_utility`: mean over masked tokens of m -
+    log p(y|null,x) (Google §3.6); `null_doc_prob`: mean p(null|x); `retrieval_entropy`: mean entropy of p(z|x) over the
+    K candidates in nats (log K: uniform; near 0: one candidate takes all the mass and the retriever's gradient,
+    p(z|x,y) - p(z|x), vanishes); `top_candidate_log_prob`: mean log p(y|z*,x) with z* = argmax_k p(z_k|x);
+    `oracle_candidate_log_prob`: the same with z* = the candidate of highest reader likelihood of the example's masked
+    tokens; `query_emb` [B, P], `candidate_emb` [B, K, P] (after dropout)."""
 
     loss: torch.FloatTensor | None = None
     relevance_score: torch.FloatTensor | None = None
