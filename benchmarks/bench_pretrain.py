@@ -19,11 +19,12 @@ directly, against the previous way (deep copy + save_pretrained + process start 
 embedder and a BERT-base-sized one (median of --repeats).
 
 `--model bert-base` sizes both towers as BERT-base (12 layers, hidden 768; the world's 4,000-wordpiece vocabulary, so
-the MLM head is smaller than BERT's 30,522) on a larger world whose blocks fill 288 wordpieces; `--bf16` trains in bfloat16 mixed precision. Model FLOPs per example come
-from torch's `FlopCounterMode` over a few extra steps (forward and backward of both towers, the query embedding for
-retrieval included; the index search and the builder's process are not counted), and with `--peak-tflops` (the
-device's dense bf16 peak: 989 for an H100 or H200 SXM) each run's examples/s is reported as a fraction of that peak
-(issue 4 §7's target is >= 40%, with and without the async build sharing the GPU).
+the MLM head is smaller than BERT's 30,522) on a larger world whose blocks fill 288 wordpieces; `--bf16` trains in
+bfloat16 mixed precision. Model FLOPs per example come from torch's `FlopCounterMode` over a few extra steps (forward
+and backward of both towers, the query embedding for retrieval included; the index search and the builder's process
+are not counted), and with `--peak-tflops` (the device's dense bf16 peak: 989 for an H100 or H200 SXM) each run's
+examples/s is reported as a fraction of that peak (issue 4 §7's target is >= 40%, with and without the async build
+sharing the GPU).
 """
 
 from __future__ import annotations
