@@ -20,6 +20,7 @@ from openrealm.trainers.index_builder import (
     build_index,
     embed_blocks,
     latest_index_dir,
+    leave_process_group,
     list_versions,
     load_embedder,
     load_index,
@@ -236,6 +237,33 @@ def test_two_processes_under_accelerate_join_to_the_single_process_embeddings(co
     assert info["world_size"] == 2
     expected = embed_blocks(embedder, load_corpus(corpus), fixture_tokenizer(), progress=False)
     torch.testing.assert_close(load_index(tmp_path / "index").block_emb, expected, atol=1e-5, rtol=1e-5)
+
+
+class RecordingState:
+    """A PartialState stand-in that records the calls leave_process_group makes."""
+
+    def __init__(self, num_processes: int, calls: list):
+        self.num_processes, self.calls = num_processes, calls
+
+    def wait_for_everyone(self):
+        self.calls.append("barrier")
+
+    def destroy_process_group(self):
+        self.calls.append("destroy")
+
+
+@pytest.mark.parametrize(
+    "num_processes, expected", [(2, ["barrier", "sleep", "destroy"]), (1, ["barrier", "destroy"])]
+)
+def test_leaving_the_process_group_releases_the_gil_between_the_last_barrier_and_the_teardown(
+    monkeypatch, num_processes, expected
+):
+    """gloo's workers free the barrier's work after it returns, which needs the GIL; the group's teardown joins them
+    while holding it. So ranks sleep (GIL released) in between; a single process has no workers to wait for."""
+    calls = []
+    monkeypatch.setattr(index_builder.time, "sleep", lambda seconds: calls.append("sleep"))
+    leave_process_group(RecordingState(num_processes, calls))
+    assert calls == expected
 
 
 def test_plain_layout_keeps_the_build_provenance_in_the_index_config(corpus, tmp_path):

@@ -34,7 +34,7 @@ from transformers.utils import ModelOutput
 
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
-from openrealm.trainers.index_builder import embed_blocks
+from openrealm.trainers.index_builder import embed_blocks, leave_process_group
 from openrealm.trainers.index_builder import load_embedder as load_checkpoint_embedder
 
 # Google's ORQA ICT defaults (orqa/experiments/ict_experiment.py, orqa/datasets/ict_dataset.py).
@@ -726,10 +726,7 @@ def run(args: argparse.Namespace) -> int:
         if args.push_to_hub:
             embedder.push_to_hub(args.push_to_hub)
             tokenizer.push_to_hub(args.push_to_hub)
-    # Every rank waits for rank 0 and leaves the process group cleanly: a rank that exits while gloo's threads are
-    # still up aborts ("terminate called without an active exception") and fails the launch.
-    trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()
+    leave_process_group(trainer.accelerator.state)  # Trainer logs through callbacks: no accelerate trackers
     return 0
 
 

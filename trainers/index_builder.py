@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -48,6 +49,9 @@ import torch
 from openrealm import RealmBlockIndex, RealmEmbedder
 from openrealm.index_realm import INDEX_TYPES
 from openrealm.tokenization.corpus import batch_retriever_inputs, load_corpus, read_corpus_config
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
 
 MAX_BLOCK_LENGTH = 288
 INDEX_SUBDIR = "block_index"
@@ -274,6 +278,28 @@ def check_vocabulary(blocks, embedder: torch.nn.Module, corpus_dir: str | os.Pat
             f"corpus {corpus_dir} holds wordpiece id {largest} but the embedder {embedder_name} has a vocabulary of "
             f"{embedder.config.vocab_size}: the corpus was tokenized with another vocabulary"
         )
+
+
+# Seconds every rank sleeps (GIL released) before leaving the process group; see leave_process_group.
+GLOO_DRAIN_SECONDS = 0.5
+
+
+def leave_process_group(state: PartialState) -> None:
+    """Every rank waits for the others, then leaves the process group without hanging or aborting.
+
+    Two torch/gloo hazards at the end of a multi-process run. A rank that exits with gloo's threads still up aborts
+    ("terminate called without an active exception"), so every rank destroys the group. And gloo's worker threads
+    free a finished collective's work *after* the caller has returned from it; that drops Python tensors, which
+    needs the GIL. When the last reference to the group goes (the DDP wrapper's Reducer as `run` returns, or the
+    group itself), it joins those threads while holding the GIL: a worker still waiting for the GIL deadlocks the
+    rank (1 two-process ICT run in 10-40 on 2 busy cores; py-spy: main thread in ~ProcessGroupGloo ->
+    thread::join, worker in ~AsyncBarrierWork -> gil_scoped_acquire). Sleeping releases the GIL so the workers
+    finish first; no collective follows, so they stay idle until joined. state: a PartialState or AcceleratorState.
+    """
+    state.wait_for_everyone()
+    if state.num_processes > 1:
+        time.sleep(GLOO_DRAIN_SECONDS)
+    state.destroy_process_group()
 
 
 def gather_shards(local: torch.Tensor, num_blocks: int, state=None) -> torch.Tensor | None:
@@ -587,6 +613,7 @@ def run(args: argparse.Namespace) -> int:
     if state.is_main_process:
         where = args.output if args.layout == "plain" else latest_index_dir(args.output).parent
         print(f"Wrote {index.index_type} index version {index.version} of {index.num_blocks} x {index.dim} to {where}")
+    leave_process_group(state)
     return 0
 
 

@@ -66,7 +66,7 @@ from openrealm.hub_cards.model_card import realm_model_card
 from openrealm.tokenization.corpus import load_corpus
 from openrealm.tokenization.masking import STRATEGIES, SalientSpanCollator
 from openrealm.trainers.ict import google_warmup_steps, load_embedder, parse_config_overrides
-from openrealm.trainers.index_builder import build_index, load_index
+from openrealm.trainers.index_builder import build_index, leave_process_group, load_index
 from openrealm.trainers.pretraining import (
     CANDIDATE_SEQ_LEN,
     COUNTERS,
@@ -659,8 +659,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
         if getattr(args, "push_to_hub", None):
             pushed = push_to_hub(args.output, args.push_to_hub, private=args.hub_private)
             print("REALM pre-training: pushed " + ", ".join(f"{k} -> {v}" for k, v in pushed.items()))
-    state.wait_for_everyone()
-    trainer.accelerator.end_training()  # leave the process group cleanly (see trainers/ict.py run)
+    leave_process_group(state)
     return 0
 
 
