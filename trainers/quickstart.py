@@ -56,8 +56,8 @@ class Preset:
     eval_queries: int
     finetune_steps: int
     finetune_batch_size: int
-    # 2e-4: at 1e-3 small differences in the pre-trained towers swung EM by 25 points, and at 3e-4 one run's fine-tuning
-    # never learned to retrieve
+    # default preset 2e-4: at 1e-3 small differences in the pre-trained towers swung EM by 25 points, and at 3e-4 one
+    # run's fine-tuning never learned to retrieve (the small preset, not re-measured, keeps 3e-4)
     finetune_learning_rate: float
     searcher_beam_size: int
     reader_beam_size: int
