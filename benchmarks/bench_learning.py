@@ -136,9 +136,9 @@ def answer_positive(stages, corpus: Path, embedder_folder: str) -> list[dict]:
 
     from openrealm.tokenization.corpus import load_corpus
     from openrealm.tokenization.masking import SalientSpanCollator
-    from openrealm.trainers.ict import load_embedder
     from openrealm.trainers.pretrain_eval import answer_block_ids, fixed_masked_queries, fresh_index, recall_at_k
     from openrealm.trainers.pretraining import CANDIDATE_SEQ_LEN, block_retriever_inputs
+    from openrealm.trainers.towers import load_embedder
 
     preset, tokenizer, blocks = stages.preset, AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
     embedder = load_embedder(embedder_folder, tokenizer, seed=stages.seed)

@@ -50,9 +50,10 @@ from openrealm import RealmConfig, RealmEmbedder
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import pretrain
-from openrealm.trainers.ict import load_embedder, parse_config_overrides
+from openrealm.trainers.ict import parse_config_overrides
 from openrealm.trainers.refresh import clone_tensors
 from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.towers import load_embedder, load_encoder
 
 MODEL = "hidden_size=128,num_hidden_layers=2,num_attention_heads=4,intermediate_size=512,retriever_proj_size=64"
 MODELS = {  # --model: RealmConfig overrides of both towers
@@ -147,7 +148,7 @@ def train(
     blocks = load_corpus(corpus)
     overrides = parse_config_overrides(model)
     embedder = load_embedder("random", tokenizer, overrides, 0)
-    encoder = pretrain.load_encoder("random", tokenizer, overrides, 0)
+    encoder = load_encoder("random", tokenizer, overrides, 0)
     index = pretrain.initial_index(args, embedder, output / "index")
     trainer = pretrain.build_trainer(args, embedder, encoder, tokenizer, blocks, index)
     timer = StepTimer()

@@ -22,7 +22,7 @@ import pickletools
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -138,7 +138,18 @@ class BlockRecords:
         """Titles of `ids` (any shape, flattened in C order) -> list of len(ids.flatten())."""
         return [self._decode("title", i) for i in self._ids(ids)]
 
-    def __getitem__(self, block_id: int) -> dict[str, str]:
+    def __getitem__(self, key: Any) -> bytes | np.ndarray:
+        """The 4.x `block_records[key]`: a block's text as UTF-8 bytes for an integer, and for a slice, a list, an
+        integer array or a boolean mask a numpy object array of bytes shaped like numpy's indexing result (4.x's
+        block records were a numpy object array of bytes). Titles: `record(i)` or `titles(ids)`."""
+        return index_block_bytes(key, len(self), self.text_bytes)
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Each block's text as UTF-8 bytes, in block order (as iterating 4.x's object array gives)."""
+        return (self.text_bytes(i) for i in range(len(self)))
+
+    def record(self, block_id: int) -> dict[str, str]:
+        """One block as {"title": ..., "text": ...} (decoded)."""
         i = self._check_id(block_id)
         return {"title": self._decode("title", i), "text": self._decode("text", i)}
 
@@ -171,6 +182,52 @@ class BlockRecords:
             for f in scratch.values():
                 f.close()
         return cls.open(path)
+
+
+def index_block_bytes(key: Any, num_blocks: int, text_bytes: Callable[[int], bytes]) -> bytes | np.ndarray:
+    """numpy indexing of a 1-D object array of N block texts, without building the array.
+
+    key: an integer (negative counts from the end) -> bytes; a slice, a sequence or array of integers (any shape), a
+    boolean mask of length N, or a torch tensor of these -> numpy object array of bytes with numpy's result shape.
+    Out-of-range ids raise IndexError as numpy does.
+    """
+    if isinstance(key, torch.Tensor):
+        key = key.detach().cpu().numpy()
+    if isinstance(key, tuple):  # numpy: arr[(i,)] is arr[i]; a 1-D array takes no second index
+        if len(key) != 1:
+            raise IndexError(f"too many indices for the 1-D block records: {len(key)} were given")
+        return index_block_bytes(key[0], num_blocks, text_bytes)
+    if isinstance(key, slice):
+        ids = np.arange(num_blocks)[key]
+    elif isinstance(key, (bool, np.bool_)):
+        raise IndexError("block records are indexed by block id; a single boolean is not a block id")
+    elif not isinstance(key, (list, np.ndarray)):
+        try:
+            i = operator.index(key)
+        except TypeError:
+            raise IndexError(
+                f"block records take an integer, a slice, integer ids or a boolean mask, not {type(key).__name__}"
+            ) from None
+        if not -num_blocks <= i < num_blocks:
+            raise IndexError(f"index {i} is out of bounds for {num_blocks} block records")
+        return text_bytes(i % num_blocks)
+    else:
+        ids = np.asarray(key)
+        if ids.dtype == np.bool_:
+            if ids.shape != (num_blocks,):
+                raise IndexError(f"a boolean mask must have shape ({num_blocks},), got {ids.shape}")
+            ids = np.flatnonzero(ids)
+        elif ids.size == 0:
+            ids = ids.astype(np.int64)
+        elif ids.dtype.kind not in "iu":
+            raise IndexError(f"block ids must be integers or booleans, got an array of {ids.dtype}")
+        if ids.size and (ids.min() < -num_blocks or ids.max() >= num_blocks):
+            bad = int(ids.min() if ids.min() < -num_blocks else ids.max())
+            raise IndexError(f"index {bad} is out of bounds for {num_blocks} block records")
+    result = np.empty(ids.size, dtype=object)
+    for j, i in enumerate(ids.reshape(-1).tolist()):
+        result[j] = text_bytes(i % num_blocks)
+    return result.reshape(ids.shape)
 
 
 def _validate_header(path: str, header: Any, data_start: int, data_size: int) -> dict[str, tuple[int, int]]:
@@ -434,6 +491,17 @@ def _read_npy_header(path: str, file: BinaryIO) -> int:
     if len(shape) != 1:
         raise LegacyBlockRecordsError(f"{path} holds an array of shape {shape}, expected a 1-D object array of bytes")
     return shape[0]
+
+
+def legacy_block_records_count(path: str | os.PathLike) -> int:
+    """The number of blocks a legacy block_records.npy declares, from its .npy header alone (nothing unpickled).
+
+    Cheap enough to check a file against its block embeddings before converting it; the conversion still checks
+    that the pickle holds exactly this many bytes elements.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as file:
+        return _read_npy_header(path, file)
 
 
 def _fetched_memo(path: str, file: BinaryIO, start: int, size: int) -> set[int]:

@@ -78,8 +78,14 @@ class RealmConfig(PreTrainedConfig):
             output["custom_pipelines"] = hub_custom_pipelines
         return output
 
+    def __post_init__(self, **kwargs):
+        # Before anything is set: a 4.x config asking for what transformers 5's BERT cannot do is a plain ValueError.
+        check_bert_support(kwargs)
+        super().__post_init__(**kwargs)
+
     def validate_architecture(self):
         """Reject sizes no model can be built with (called by `strict` on init)."""
+        check_bert_support(self.__dict__)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
@@ -88,6 +94,32 @@ class RealmConfig(PreTrainedConfig):
         for name in ("reader_beam_size", "searcher_beam_size", "max_span_width", "retriever_proj_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+def check_bert_support(fields: dict) -> None:
+    """Refuse the 4.x RealmConfig fields whose values transformers 5's BertModel (REALM's towers) cannot honour.
+
+    4.x's REALM read `position_embedding_type` (absent from RealmConfig, so only ever set by hand) and built
+    relative-position attention with extra `distance_embedding` weights and no absolute position embeddings for
+    "relative_key" / "relative_key_query"; it pruned attention heads listed in `pruned_heads`. transformers 5's BERT
+    has absolute positions only and no head pruning, so such a config is an error rather than a different model.
+    Every other 4.x field is honoured by BERT 5 (chunk_size_feed_forward, is_decoder, add_cross_attention, use_cache,
+    tie_word_embeddings, output_*) or changes nothing REALM computes (torchscript, gradient_checkpointing).
+    """
+    position = fields.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise ValueError(
+            f"RealmConfig: position_embedding_type={position!r} is not supported; supported: 'absolute' (the only "
+            "position embeddings of transformers 5's BertModel, and of every published REALM checkpoint). 4.x built "
+            "relative-position attention (distance_embedding weights) for 'relative_key' and 'relative_key_query'."
+        )
+    pruned_heads = fields.get("pruned_heads") or {}
+    if pruned_heads:
+        raise ValueError(
+            f"RealmConfig: pruned_heads={pruned_heads!r} is not supported; supported: {{}} (no pruned heads). "
+            "transformers 5 no longer prunes attention heads, so the smaller attention weights of a pruned 4.x model "
+            "cannot be built."
+        )
 
 
 def openrealm_pipeline_registered() -> bool:

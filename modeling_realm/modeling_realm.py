@@ -9,9 +9,13 @@ Shapes: B = questions/queries, C = candidate documents per query, L = sequence l
 S = blocks retrieved per question, R = blocks read per question (R <= S), V = vocabulary size.
 """
 
+import contextlib
+import contextvars
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +33,8 @@ from transformers.models.bert.modeling_bert import (
 from transformers.utils import ModelOutput, logging
 
 from .configuration_realm import RealmConfig
-from .retrieval_realm import RealmRetriever, normalize_answer_ids
+from .index_realm import RealmBlockIndex
+from .retrieval_realm import RealmRetriever, load_legacy_block_emb, normalize_answer_ids
 
 logger = logging.get_logger(__name__)
 
@@ -217,6 +222,69 @@ def find_corrupt_weights(folder) -> str | None:
     return None
 
 
+# A key of BERT itself (the backbone every REALM tower holds under `realm.`), as opposed to the heads REALM adds.
+BACKBONE_KEY = re.compile(r"(^|\.)realm\.")
+# Checkpoint keys a load may leave new or unused without a word, while set (see expected_load_changes).
+_EXPECTED_LOAD_CHANGES: contextvars.ContextVar[tuple[tuple[str, ...], tuple[str, ...]]] = contextvars.ContextVar(
+    "expected_load_changes", default=((), ())
+)
+
+
+# Starting from BERT: the model keys that may start fresh (REALM's heads, the pooler) and BERT's heads that may go unused.
+BERT_START_NEW_KEYS = (r"^(?!realm\.)", r"^realm\.pooler\.")
+BERT_HEAD_KEYS = (r"^cls\.",)
+
+
+# The checkpoint a from_pretrained in progress must hold the backbone of (None: no check).
+_BACKBONE_CHECK: contextvars.ContextVar[str | None] = contextvars.ContextVar("backbone_check", default=None)
+
+
+class MissingWeightsError(ValueError):
+    """A checkpoint lacks backbone (BERT) weights the model needs: loading it would leave them randomly initialised."""
+
+
+def key_prefixes(keys: Iterable[str], depth: int = 2) -> list[str]:
+    """The sorted distinct first `depth` dotted components of keys: "realm.encoder.layer.0.x" -> "realm.encoder"."""
+    return sorted({".".join(key.split(".")[:depth]) for key in keys})
+
+
+def check_backbone_loaded(source, missing: Iterable[str], found: Iterable[str]) -> None:
+    """Raise MissingWeightsError when a backbone key (`...realm.*`) is missing from the checkpoint `source`.
+
+    missing: the model's keys the checkpoint did not provide, less those an `expected_load_changes` block expects new
+    (e.g. the pooler of a BERT saved without one); found: the checkpoint keys it did provide (loaded or left unused).
+    The message names the folder, the missing key prefixes and the prefixes found instead, so a checkpoint of another
+    layout (e.g. `bert.*` keys given to from_pretrained) is recognisable at a glance.
+    """
+    lacking = [key for key in missing if BACKBONE_KEY.search(key)]
+    if lacking:
+        found = key_prefixes(found)
+        hint = ""
+        if any(prefix.startswith("bert.") for prefix in found):
+            hint = (
+                " These are BERT keys: a BERT checkpoint loads with from_bert_pretrained; a REALM folder that OpenREALM "
+                "0.1 saved under them loads with from_pretrained(..., key_mapping={r'^bert\\.': 'realm.'})."
+            )
+        raise MissingWeightsError(
+            f"{os.fspath(source)} lacks the backbone weights {key_prefixes(lacking)} ({len(lacking)} tensors); it "
+            f"holds {found or 'no weights'} instead. Loading it would train or predict with random weights. Give a "
+            "checkpoint of this model (or a BERT checkpoint through from_bert_pretrained), or pass "
+            f"allow_missing_backbone=True to start those weights fresh on purpose.{hint}"
+        )
+
+
+@contextlib.contextmanager
+def expected_load_changes(new: Iterable[str] = (), unused: Iterable[str] = ()) -> Iterator[None]:
+    """While in this block, loads leave out of transformers' load report the model keys matching a regex of `new`
+    (heads the caller creates) and the checkpoint keys matching one of `unused` (heads of another task); every other
+    missing or unexpected key is still reported."""
+    token = _EXPECTED_LOAD_CHANGES.set((tuple(new), tuple(unused)))
+    try:
+        yield
+    finally:
+        _EXPECTED_LOAD_CHANGES.reset(token)
+
+
 def use_fused_gelu_tanh(model: nn.Module) -> None:
     """Swap transformers' `gelu_new` (the published REALM activation, built from six elementwise ops) for torch's
     fused tanh-approximate GELU: the same formula (differences below 1e-6) at a fraction of the cost; on CPU the
@@ -268,11 +336,18 @@ class RealmPreTrainedModel(PreTrainedModel):
     _can_record_outputs = {"hidden_states": BertLayer, "attentions": BertSelfAttention}
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' from_pretrained, with errors that name the problem and the folder for weights that
-        contradict the config and for corrupted weight files."""
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *model_args, allow_missing_backbone: bool = False, **kwargs
+    ):
+        """transformers' from_pretrained, refusing a checkpoint that lacks this model's BERT weights
+        (MissingWeightsError naming the folder, the missing and the found key prefixes) unless allow_missing_backbone,
+        and with errors that name the problem and the folder for weights that contradict the config and for corrupted
+        weight files."""
+        token = _BACKBONE_CHECK.set(None if allow_missing_backbone else os.fspath(pretrained_model_name_or_path))
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except MissingWeightsError:
+            raise
         except Exception as error:
             if isinstance(error, RuntimeError) and "ignore_mismatched_sizes" in str(error):
                 _, info = super().from_pretrained(
@@ -294,15 +369,42 @@ class RealmPreTrainedModel(PreTrainedModel):
                     f"The weights file {corrupt} is corrupted or truncated ({type(error).__name__}: {error})."
                 ) from error
             raise
+        finally:
+            _BACKBONE_CHECK.reset(token)
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        """transformers' filtering of the load report, less the keys an `expected_load_changes` block expects; then,
+        before the report is printed, the backbone check of from_pretrained."""
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        new, unused = _EXPECTED_LOAD_CHANGES.get()
+        if new:
+            expected = re.compile("|".join(new))
+            loading_info.missing_keys = {key for key in loading_info.missing_keys if not expected.search(key)}
+        if unused:
+            expected = re.compile("|".join(unused))
+            loading_info.unexpected_keys = {key for key in loading_info.unexpected_keys if not expected.search(key)}
+        source = _BACKBONE_CHECK.get()
+        if source is not None:
+            missing = set(loading_info.missing_keys)
+            found = (set(self.state_dict()) - missing) | set(loading_info.unexpected_keys)
+            try:
+                check_backbone_loaded(source, missing, found)
+            except MissingWeightsError:
+                # transformers prints its report in a `finally` after this: the error says the same in a few lines.
+                loading_info.missing_keys, loading_info.unexpected_keys = set(), set()
+                raise
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """transformers' save_pretrained, made atomic: everything is written to a staging folder beside
-        save_directory and each file or folder then replaces its namesake by rename."""
+        """transformers' save_pretrained in REALM's key layout, made atomic: everything is written to a staging folder
+        beside save_directory and each file or folder then replaces its namesake by rename."""
         if not kwargs.get("is_main_process", True):
             return super().save_pretrained(save_directory, *args, **kwargs)
         save_directory = os.path.abspath(os.fspath(save_directory))
         if os.path.isfile(save_directory):
             raise ValueError(f"save_directory {save_directory} is a file, not a folder.")
+        # Always REALM's own layout: transformers would otherwise write the keys back as they were read (a model
+        # started from a `bert.*` checkpoint would be saved under `bert.*` and reload with a random encoder).
+        kwargs.setdefault("save_original_format", False)
         os.makedirs(save_directory, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=".saving-", dir=os.path.dirname(save_directory))
         try:
@@ -318,7 +420,9 @@ class RealmPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_bert_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """Start from a plain BERT checkpoint (`bert.*` keys of BertFor*, or the bare keys of a saved BertModel such
-        as all-MiniLM-L6-v2): its encoder loads under `realm.`, REALM's own heads are newly initialised.
+        as all-MiniLM-L6-v2): its encoder loads under `realm.`, REALM's own heads are newly initialised (BERT's MLM
+        head becomes RealmKnowledgeAugEncoder's). The model saves under REALM's keys; a checkpoint without the BERT
+        encoder raises MissingWeightsError.
 
         RealmConfig fields in kwargs (e.g. retriever_proj_size) override those taken from the BERT config. Only the
         single-encoder classes (RealmEmbedder, RealmKnowledgeAugEncoder, RealmReader) load this way; build a
@@ -342,7 +446,10 @@ class RealmPreTrainedModel(PreTrainedModel):
         fields = {name: getattr(bert_config, name) for name in BERT_CONFIG_FIELDS if hasattr(bert_config, name)}
         config = RealmConfig(**{**fields, **overrides})
         key_mapping = {r"^bert\.": "realm.", r"^(embeddings|encoder|pooler)\.": r"realm.\1."}
-        return cls.from_pretrained(pretrained_model_name_or_path, config=config, key_mapping=key_mapping, **kwargs)
+        # REALM's heads (and the pooler, absent from BertForMaskedLM checkpoints) start fresh; BERT's own pre-training
+        # heads that this class has no place for are left behind. Neither is worth a load report; anything else is.
+        with expected_load_changes(new=BERT_START_NEW_KEYS, unused=BERT_HEAD_KEYS):
+            return cls.from_pretrained(pretrained_model_name_or_path, config=config, key_mapping=key_mapping, **kwargs)
 
     def post_init(self) -> None:
         super().post_init()
@@ -689,7 +796,9 @@ class RealmForOpenQA(RealmPreTrainedModel):
     read the top R, predict the answer span; with `answer_ids`, ORQA's retriever + reader losses.
 
     The knowledge corpus and its MIPS index belong to `self.retriever` (a `RealmRetriever`). The legacy `block_emb`
-    weight of the 4.x checkpoints is read by the retriever, not held by the model.
+    weight of the 4.x checkpoints is read by the retriever, not held by the model. As in 4.x, a retriever of block
+    records alone (no index) is accepted: the model then searches an exact index over all-zero block embeddings
+    [config.num_block_records, retriever_proj_size], with a warning, until embeddings are given (`block_emb`).
     """
 
     # `block_emb` of legacy checkpoints is loaded into the retriever's index (see RealmRetriever.from_pretrained).
@@ -700,6 +809,8 @@ class RealmForOpenQA(RealmPreTrainedModel):
         self.embedder = RealmEmbedder(config)
         self.reader = RealmReader(config)
         self.retriever = retriever
+        self._zero_index = None  # the all-zero placeholder index given to a retriever without one (see _block_index)
+        self._zero_index_warned = False
         # Saved into config.json so that `pipeline("question-answering", model=folder, trust_remote_code=True)` runs
         # where openrealm is not installed (where it is, RealmConfig hides this entry; see configuration_realm.py).
         config.custom_pipelines = {
@@ -719,13 +830,47 @@ class RealmForOpenQA(RealmPreTrainedModel):
 
     @property
     def block_emb(self) -> torch.Tensor:
-        """The block embeddings [num_blocks, P] of the retriever's index (the 4.x buffer of the same name)."""
-        return self._require_retriever().index.block_emb
+        """The block embeddings [num_blocks, P] of the retriever's index (the 4.x buffer of the same name); for a
+        retriever without an index, the all-zero placeholder, which `model.block_emb.copy_(embeddings)` fills in place
+        as in 4.x."""
+        return self._block_index(warn_if_empty=False).block_emb
+
+    @block_emb.setter
+    def block_emb(self, block_emb: torch.Tensor) -> None:
+        """`model.block_emb = embeddings` [num_blocks, P]: the retriever searches them exactly from now on."""
+        self._require_retriever().swap_index(RealmBlockIndex.build(block_emb, index_type="exact"))
 
     def block_embedding_to(self, device: str | torch.device) -> None:
         """Move the retriever's index (block embeddings) to `device`."""
         retriever = self._require_retriever()
-        retriever.swap_index(retriever.index.to(device))
+        retriever.swap_index(self._block_index(warn_if_empty=False).to(device))
+
+    def _block_index(self, warn_if_empty: bool = True) -> RealmBlockIndex:
+        """The retriever's index; a retriever of block records alone (as 4.x's, whose embeddings were the model's
+        `block_emb` buffer) first gets an exact index over all-zero embeddings [config.num_block_records, P]. With
+        warn_if_empty (the forward pass), a warning says so once while those embeddings are still all zero."""
+        retriever = self._require_retriever()
+        if not retriever.has_index:
+            num_blocks, dim = self.config.num_block_records, self.config.retriever_proj_size
+            if len(retriever.block_records) != num_blocks:
+                raise ValueError(
+                    f"The retriever holds {len(retriever.block_records)} block records and no index, and "
+                    f"config.num_block_records is {num_blocks}: set config.num_block_records to the number of "
+                    "records, or give the block embeddings (retriever.swap_index(RealmBlockIndex.build(block_emb)))."
+                )
+            self._zero_index = RealmBlockIndex(torch.zeros(num_blocks, dim), index_type="exact")
+            self._zero_index_warned = False
+            retriever.swap_index(self._zero_index)
+        index = retriever.index
+        if warn_if_empty and index is self._zero_index and not self._zero_index_warned and not index.block_emb.any():
+            logger.warning(
+                f"RealmForOpenQA: the retriever has no block embeddings, so its index is empty: all {index.num_blocks} "
+                f"x {index.dim} block embeddings are zero (as 4.x's block_emb before loading), every block scores 0 "
+                "and retrieval is arbitrary. Give them with model.block_emb = embeddings (or "
+                "model.block_emb.copy_(embeddings)), or retriever.swap_index(RealmBlockIndex.build(embeddings))."
+            )
+            self._zero_index_warned = True
+        return index
 
     def _require_retriever(self) -> RealmRetriever:
         if self.retriever is None:
@@ -739,9 +884,18 @@ class RealmForOpenQA(RealmPreTrainedModel):
     def from_pretrained(
         cls, pretrained_model_name_or_path, *model_args, retriever: RealmRetriever | None = None, **kwargs
     ):
-        """Load the model; attach `retriever`, or else the retriever found in the same folder or Hub repo."""
+        """Load the model; attach `retriever`, or else the retriever found in the same folder or Hub repo.
+
+        A given retriever of block records alone (e.g. a folder of 4.x's `RealmRetriever.save_pretrained`) gets the
+        `block_emb` weight of a local 4.x checkpoint folder as its exact index, as 4.x loaded it into the model.
+        """
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) with output_loading_info
+        path = None if pretrained_model_name_or_path is None else os.fspath(pretrained_model_name_or_path)
+        if retriever is not None and not retriever.has_index and path is not None and os.path.isdir(path):
+            block_emb = load_legacy_block_emb(path)
+            if block_emb is not None:
+                retriever.swap_index(RealmBlockIndex(block_emb, index_type="exact"))
         if retriever is None and pretrained_model_name_or_path is not None:
             hub_kwargs = {
                 key: kwargs[key]
@@ -801,6 +955,7 @@ class RealmForOpenQA(RealmPreTrainedModel):
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         retriever = self._require_retriever()
+        self._block_index()
         if input_ids is None:
             raise ValueError("RealmForOpenQA needs input_ids [B, L] of the questions.")
         if input_ids.dim() == 1:

@@ -8,20 +8,27 @@ Legacy 4.x open-QA folders hold `block_records.npy` (a pickled object array, rea
 the block embeddings as the `block_emb` weight of the model checkpoint; both are read as the 4.x port did.
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 from transformers import AutoTokenizer, BatchEncoding
 from transformers.utils import logging
 
-from .block_records import BlockRecords, convert_legacy_block_records
+from .block_records import (
+    BlockRecords,
+    convert_legacy_block_records,
+    index_block_bytes,
+    legacy_block_records_count,
+)
 from .index_realm import RealmBlockIndex
 
 logger = logging.get_logger(__name__)
@@ -68,6 +75,29 @@ class SequenceBlockRecords:
         if self._titles is None:
             return ["" for _ in ids]
         return [self._decode(self._titles[i], i) for i in ids]
+
+    def text_bytes(self, block_id: int) -> bytes:
+        """One block's text as UTF-8 bytes (texts given as str are encoded)."""
+        value = self._texts[block_id]
+        return bytes(value) if isinstance(value, (bytes, np.bytes_)) else str(value).encode("utf-8")
+
+    def text(self, block_id: int) -> str:
+        return self.texts([block_id])[0]
+
+    def title(self, block_id: int) -> str:
+        return self.titles([block_id])[0]
+
+    def record(self, block_id: int) -> dict[str, str]:
+        """One block as {"title": ..., "text": ...} (decoded)."""
+        return {"title": self.title(block_id), "text": self.text(block_id)}
+
+    def __getitem__(self, key) -> bytes | np.ndarray:
+        """The 4.x `block_records[key]`: bytes for an integer, a numpy object array of bytes for a slice, integer ids
+        or a boolean mask (see `index_block_bytes`)."""
+        return index_block_bytes(key, len(self), self.text_bytes)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (self.text_bytes(i) for i in range(len(self)))
 
 
 def normalize_answer_ids(answer_ids, batch_size: int) -> list[list[list[int]]] | None:
@@ -201,6 +231,10 @@ class RealmRetriever:
     """Owns the knowledge corpus (`block_records`: one record per block, title and text), its MIPS index
     (`RealmBlockIndex`, swappable at run time) and the tokenizer, and builds the reader's inputs.
 
+    As in 4.x, `block_records[i]` is block i's text as UTF-8 bytes and `block_records[ids]` (a slice, a list, an
+    integer array or a boolean mask) a numpy object array of bytes; `block_records.record(i)` gives
+    {"title", "text"}, and `texts(ids)` / `titles(ids)` decoded strings.
+
     Args:
         block_records: `BlockRecords` (memory-mapped), or a sequence of block texts (bytes or str) as in 4.x.
         tokenizer: a BERT WordPiece tokenizer (`AutoTokenizer` of the checkpoint).
@@ -226,6 +260,11 @@ class RealmRetriever:
         if self._index is None:
             raise ValueError("This RealmRetriever has no index: pass index= or load one with from_pretrained.")
         return self._index
+
+    @property
+    def has_index(self) -> bool:
+        """False for a retriever of block records alone (as 4.x's RealmRetriever always was)."""
+        return self._index is not None
 
     @property
     def index_version(self) -> int | None:
@@ -390,23 +429,39 @@ class RealmRetriever:
     def __call__(self, retrieved_block_ids, question_input_ids, answer_ids=None, max_length=None, return_tensors="pt"):
         """The 4.x call for one question: -> (has_answers, start_pos, end_pos, concat_inputs).
 
-        concat_inputs holds input_ids, attention_mask, token_type_ids, special_tokens_mask [S, L] tensors.
+        has_answers (list of S bools), start_pos / end_pos (S lists of inclusive positions, padded with -1; S empty
+        lists when no block holds an answer) are Python lists, or all None without answer_ids. concat_inputs is a
+        BatchEncoding of input_ids, attention_mask, token_type_ids and special_tokens_mask [S, L] int64 arrays:
+        torch tensors for return_tensors="pt", numpy arrays for "np". special_tokens_mask is 1 on [CLS], the two [SEP]
+        and padding only, as 4.x's tokenizer call with return_special_tokens_mask=True gives.
         """
-        if return_tensors != "pt":
-            raise ValueError("RealmRetriever returns PyTorch tensors only (return_tensors='pt').")
-        question_input_ids = torch.as_tensor(question_input_ids)
+        if return_tensors not in ("pt", "np"):
+            raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}.")
+        question_input_ids = torch.as_tensor(question_input_ids).cpu()
+        if question_input_ids.dim() == 1:
+            question_input_ids = question_input_ids.unsqueeze(0)
         questions = self.question_token_ids(question_input_ids[:1])
-        block_ids = torch.as_tensor(retrieved_block_ids).reshape(1, -1)
+        block_ids = torch.as_tensor(retrieved_block_ids).cpu().reshape(1, -1)
         answers = normalize_answer_ids(answer_ids, 1)
         inputs = self.build_reader_inputs(questions, block_ids, answers, max_length=max_length)
+        attention_mask, token_type_ids = inputs["attention_mask"][0], inputs["token_type_ids"][0]
+        # [CLS] at 0, the first [SEP] just before the block (the first type-1 position), the last [SEP] at the end of
+        # each row, and padding.
+        special_tokens_mask = 1 - attention_mask
+        rows = torch.arange(attention_mask.shape[0])
+        special_tokens_mask[rows, 0] = 1
+        special_tokens_mask[rows, token_type_ids.argmax(dim=1) - 1] = 1
+        special_tokens_mask[rows, attention_mask.sum(dim=1) - 1] = 1
         concat_inputs = BatchEncoding(
             {
                 "input_ids": inputs["input_ids"][0],
-                "attention_mask": inputs["attention_mask"][0],
-                "token_type_ids": inputs["token_type_ids"][0],
-                "special_tokens_mask": (~inputs["block_mask"][0]).long(),
+                "attention_mask": attention_mask,
+                "token_type_ids": token_type_ids,
+                "special_tokens_mask": special_tokens_mask,
             }
         )
+        if return_tensors == "np":
+            concat_inputs = BatchEncoding({key: value.numpy() for key, value in concat_inputs.items()})
         if answers is None:
             return None, None, None, concat_inputs
         return (
@@ -433,10 +488,15 @@ class RealmRetriever:
         **hub_kwargs,
     ) -> "RealmRetriever | None":
         """Load the retriever of a local folder or Hub repo: the new layout (block_records.safetensors + block_index/)
-        or a legacy 4.x open-QA folder (block_records.npy + the `block_emb` weight). With missing_ok, return None when
-        the folder holds no block records (e.g. a reader-only checkpoint); with require_index, records without an
-        index are an error. `trust_remote_code` is passed to
+        or a legacy 4.x folder: block_records.npy with the `block_emb` weight of an open-QA checkpoint, or without
+        weights as 4.x's `RealmRetriever.save_pretrained` wrote it (records and tokenizer only: no index). With
+        missing_ok, return None when the folder holds no block records (e.g. a reader-only checkpoint); with
+        require_index, records without an index are an error. `trust_remote_code` is passed to
         AutoTokenizer: where openrealm is not installed, the folder's tokenizer is its custom code (auto_map).
+
+        A legacy block_records.npy is converted once into the cache (`legacy_cache_dir()`), and only after
+        everything else has loaded and agreed with it, through a temporary folder renamed into place: a failed load
+        leaves nothing behind.
         """
         folder = resolve_folder(pretrained_model_name_or_path, **hub_kwargs)
         new_records = os.path.join(folder, BLOCK_RECORDS_NAME)
@@ -452,9 +512,25 @@ class RealmRetriever:
                     "(RealmBlockIndex.build + save_pretrained) before answering questions from it."
                 )
         elif os.path.isfile(legacy_records):
-            records = open_legacy_block_records(legacy_records)
+            # Everything that can fail is checked before the conversion, the only step that writes.
+            num_records = legacy_block_records_count(legacy_records)
             if index is None:
-                index = RealmBlockIndex(load_legacy_block_emb(folder), index_type="exact", version=0)
+                block_emb = load_legacy_block_emb(folder)
+                if block_emb is not None:
+                    index = RealmBlockIndex(block_emb, index_type="exact", version=0)
+                elif require_index:
+                    raise FileNotFoundError(
+                        f"{folder} has {LEGACY_BLOCK_RECORDS_NAME} but no model weights holding `block_emb` "
+                        f"({', '.join(LEGACY_WEIGHT_NAMES)}): the block embeddings of a 4.x open-QA checkpoint."
+                    )
+            if index is not None and index.num_blocks != num_records:
+                raise ValueError(
+                    f"The block embeddings in {folder} have {index.num_blocks} rows but {LEGACY_BLOCK_RECORDS_NAME} "
+                    f"holds {num_records} blocks."
+                )
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+            records = open_legacy_block_records(legacy_records)
         elif missing_ok:
             return None
         else:
@@ -535,19 +611,44 @@ def resolve_folder(pretrained_model_name_or_path: str | os.PathLike, **hub_kwarg
 
 
 def open_legacy_block_records(npy_path: str) -> BlockRecords:
-    """The legacy pickled records, converted once (streaming, without unpickling) into a memory-mapped cache file."""
+    """The legacy pickled records, converted once (streaming, without unpickling) into a memory-mapped cache file.
+
+    The conversion is written into a temporary folder beside the cache entry and renamed into place when complete;
+    if it fails (a refused or damaged file), the temporary folder and any cache folders created for it are removed.
+    """
     stat = os.stat(npy_path)
     key = hashlib.sha256(f"{os.path.realpath(npy_path)}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:24]
-    cached = os.path.join(legacy_cache_dir(), "legacy_block_records", key, BLOCK_RECORDS_NAME)
+    parent = os.path.join(legacy_cache_dir(), "legacy_block_records")
+    entry = os.path.join(parent, key)
+    cached = os.path.join(entry, BLOCK_RECORDS_NAME)
     if os.path.isfile(cached):
         return BlockRecords.open(cached)
     logger.info(f"Converting legacy {npy_path} to {cached} (once; no pickle is executed).")
-    os.makedirs(os.path.dirname(cached), exist_ok=True)
-    return convert_legacy_block_records(npy_path, cached)
+    created = []  # cache folders this call creates, outermost first, removed again if the conversion fails
+    folder = os.path.abspath(parent)
+    while not os.path.isdir(folder):
+        created.insert(0, folder)
+        folder = os.path.dirname(folder)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=parent)
+    try:
+        convert_legacy_block_records(npy_path, os.path.join(staging, BLOCK_RECORDS_NAME))
+        try:
+            os.rename(staging, entry)
+        except OSError:
+            if not os.path.isfile(cached):  # not another process having converted the same file meanwhile
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful rename
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):  # removes only empty ones: none after a successful conversion
+                os.rmdir(directory)
+    return BlockRecords.open(cached)
 
 
-def load_legacy_block_emb(folder: str) -> torch.Tensor:
-    """The `block_emb` weight [num_blocks, P] of a 4.x RealmForOpenQA checkpoint, memory-mapped where possible."""
+def load_legacy_block_emb(folder: str) -> torch.Tensor | None:
+    """The `block_emb` weight [num_blocks, P] of a 4.x RealmForOpenQA checkpoint, memory-mapped where possible;
+    None when no weights file of the folder holds it (e.g. a folder of 4.x's RealmRetriever.save_pretrained)."""
     for index_name in LEGACY_WEIGHT_INDEX_NAMES:
         index_path = os.path.join(folder, index_name)
         if os.path.isfile(index_path):
@@ -558,10 +659,11 @@ def load_legacy_block_emb(folder: str) -> torch.Tensor:
     for name in LEGACY_WEIGHT_NAMES:
         path = os.path.join(folder, name)
         if os.path.isfile(path):
-            return read_weight(path, "block_emb")
-    raise FileNotFoundError(
-        f"{folder} has legacy block records but no model weights holding `block_emb` ({', '.join(LEGACY_WEIGHT_NAMES)})."
-    )
+            try:
+                return read_weight(path, "block_emb")
+            except KeyError:  # the weights of another class (e.g. a reader) beside the records
+                continue
+    return None
 
 
 def read_weight(path: str, name: str) -> torch.Tensor:

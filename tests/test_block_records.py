@@ -106,17 +106,42 @@ def test_write_returns_the_opened_records(tmp_path):
     assert records.texts(range(len(RECORDS))) == [text for _, text in RECORDS]
 
 
-def test_getitem_returns_title_and_text(tmp_path):
+def test_record_returns_title_and_text(tmp_path):
     records = write_records(tmp_path)
-    assert records[0] == {"title": "Ålesund", "text": "Fjord town ☃ with 日本語"}
-    assert records[1] == {"title": "", "text": ""}
+    assert records.record(0) == {"title": "Ålesund", "text": "Fjord town ☃ with 日本語"}
+    assert records.record(1) == {"title": "", "text": ""}
+
+
+def test_getitem_returns_the_text_bytes_as_the_4x_object_array_did(tmp_path):
+    records = write_records(tmp_path)
+    assert records[0] == "Fjord town ☃ with 日本語".encode()
+    assert records[-2] == "text only 🚀".encode()
+    assert list(records) == [text.encode() for _, text in RECORDS]
+
+
+def test_fancy_indexing_returns_a_numpy_object_array_of_bytes(tmp_path):
+    records = write_records(tmp_path)
+    picked = records[np.array([[4, 0], [3, 4]])]
+    assert picked.dtype == object and picked.shape == (2, 2)
+    assert picked.tolist() == [[b"b", RECORDS[0][1].encode()], [RECORDS[3][1].encode(), b"b"]]
+    assert records[[4, 1]].tolist() == [b"b", b""]
+    assert records[3:].tolist() == [RECORDS[3][1].encode(), b"b"]
+    assert records[np.array([False, False, False, True, True])].tolist() == [RECORDS[3][1].encode(), b"b"]
+
+
+def test_getitem_out_of_range_raises_index_error_like_numpy(tmp_path):
+    records = write_records(tmp_path)
+    with pytest.raises(IndexError, match=r"index 5 is out of bounds for 5 block records"):
+        records[5]
+    with pytest.raises(IndexError, match=r"index -6 is out of bounds for 5 block records"):
+        records[[0, -6]]
 
 
 def test_write_accepts_dicts_and_bytes(tmp_path):
     records = BlockRecords.write(
         tmp_path / "r.safetensors", [{"title": "t", "text": "x"}, {"title": b"b\xc3\xa9", "text": "é".encode()}]
     )
-    assert [records[0], records[1]] == [{"title": "t", "text": "x"}, {"title": "bé", "text": "é"}]
+    assert [records.record(0), records.record(1)] == [{"title": "t", "text": "x"}, {"title": "bé", "text": "é"}]
 
 
 def test_text_bytes_returns_raw_utf8(tmp_path):

@@ -350,6 +350,26 @@ def test_cli_builds_a_corpus_from_jsonl_with_date_spans(tmp_path, tokenizer, cap
     assert "Wrote 1 blocks from 1 articles" in capsys.readouterr().out
 
 
+def test_cli_default_flags_mark_the_dates_of_a_block(tmp_path, tokenizer):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    rows = [{"title": "tom", "text": "Tom was born in March 1912. Jerry was born on 4 March 1920 in Paris."}]
+    args = cli_args("--input", write_jsonl(tmp_path / "a.jsonl", rows), "--output", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"))  # fmt: skip
+    assert run(args) == 0
+    row = load_corpus(tmp_path / "c")[0]
+    spans = [row["text"][s:e] for s, e in zip(row["span_char_starts"], row["span_char_ends"])]
+    assert spans == ["March 1912", "4 March 1920"] and row["span_labels"] == ["DATE", "DATE"]
+    assert json.loads((tmp_path / "c" / "corpus_config.json").read_text())["span_annotators"] == ["date-regex"]
+
+
+def test_cli_none_builds_a_corpus_without_spans(tmp_path, tokenizer):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    rows = [{"title": "tom", "text": "Tom was born in March 1912."}]
+    args = cli_args("--input", write_jsonl(tmp_path / "a.jsonl", rows), "--output", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"), "--spans", "none")  # fmt: skip
+    assert run(args) == 0
+    assert load_corpus(tmp_path / "c")[0]["span_char_starts"] == []
+    assert json.loads((tmp_path / "c" / "corpus_config.json").read_text())["span_annotators"] == []
+
+
 def test_cli_refuses_an_existing_output(tmp_path, tokenizer, capsys):
     tokenizer.save_pretrained(tmp_path / "tok")
     source = write_jsonl(tmp_path / "a.jsonl", [{"title": "paris", "text": "Paris."}])

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import fixture_folder, fixture_tokenizer
+from conftest import fixture_folder, fixture_tokenizer, tiny_realm_config
 from datasets import Dataset
 from transformers import AutoTokenizer, BertConfig, BertModel, EvalPrediction
 
 from openrealm import RealmConfig, RealmEmbedder, RealmTokenizer
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers import ict
+from openrealm.trainers import ict, towers
 from openrealm.trainers.cli import main
 from openrealm.trainers.index_builder import embed_blocks
 from openrealm.trainers.synthetic_world import generate_world
@@ -279,28 +279,38 @@ def test_init_from_a_bert_checkpoint_loads_its_encoder(world_corpus, tmp_path):
     bert = BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                 intermediate_size=37))  # fmt: skip
     bert.save_pretrained(tmp_path / "bert")
-    embedder = ict.load_embedder(str(tmp_path / "bert"), tokenizer, {"retriever_proj_size": 16})
+    embedder = towers.load_embedder(str(tmp_path / "bert"), tokenizer, {"retriever_proj_size": 16})
     torch.testing.assert_close(
         embedder.realm.encoder.layer[0].output.dense.weight, bert.encoder.layer[0].output.dense.weight
     )
     assert embedder.config.retriever_proj_size == 16
-    ict.check_compatible(embedder, tokenizer, str(tmp_path / "bert"), 64, 288)
+    towers.check_tokenizer(embedder, tokenizer, str(tmp_path / "bert"), "--init")
 
 
-def test_a_model_with_another_vocabulary_or_too_few_positions_is_refused(world_corpus, tmp_path):
+def test_a_model_with_another_vocabulary_is_refused(world_corpus, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(world_corpus)
     other = fixture_folder("embedder", "safetensors")  # a RealmEmbedder with its own 158-token vocabulary
-    embedder = ict.load_embedder(str(other), tokenizer)
+    embedder = towers.load_embedder(str(other), tokenizer)
     with pytest.raises(ValueError, match="embeds only 158"):
-        ict.check_compatible(embedder, tokenizer, str(other), 64, 288)
+        towers.check_tokenizer(embedder, tokenizer, str(other), "--init")
     small = fixture_tokenizer()
-    with pytest.raises(ValueError, match="reads at most 64 positions"):
-        ict.check_compatible(embedder, small, str(other), 64, 288)
-    same_size = ict.load_embedder("random", small, {"hidden_size": 32, "num_attention_heads": 2})
+    same_size = towers.load_embedder("random", small, {"hidden_size": 32, "num_attention_heads": 2})
     same_size.save_pretrained(tmp_path / "own")
     AutoTokenizer.from_pretrained(world_corpus).save_pretrained(tmp_path / "own")
     with pytest.raises(ValueError, match="vocabulary differs"):
-        ict.check_compatible(same_size, small, str(tmp_path / "own"), 64, 288)
+        towers.check_tokenizer(same_size, small, str(tmp_path / "own"), "--init")
+
+
+def test_a_default_sequence_length_is_lowered_to_what_the_model_reads():
+    embedder = RealmEmbedder(tiny_realm_config(max_position_embeddings=64))
+    assert towers.fit_length(embedder, 288, "--init m", "--block-seq-len") == 64
+    assert towers.fit_length(embedder, 32, "--init m", "--block-seq-len") == 32
+
+
+def test_a_sequence_length_the_user_chose_beyond_the_model_is_refused_naming_the_flag():
+    embedder = RealmEmbedder(tiny_realm_config(max_position_embeddings=64))
+    with pytest.raises(ValueError, match="reads at most 64 positions .* pass --block-seq-len 64"):
+        towers.fit_length(embedder, 288, "--init m", "--block-seq-len", explicit=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -310,7 +320,7 @@ def test_a_model_with_another_vocabulary_or_too_few_positions_is_refused(world_c
 
 def test_recall_matches_a_brute_force_ranking(world_corpus, one_thread):
     tokenizer = AutoTokenizer.from_pretrained(world_corpus)
-    embedder = ict.load_embedder("random", tokenizer, ict.parse_config_overrides(TINY), seed=0)
+    embedder = towers.load_embedder("random", tokenizer, ict.parse_config_overrides(TINY), seed=0)
     blocks = load_corpus(world_corpus)
     result = ict.evaluate_retrieval(embedder, world_corpus, tokenizer, num_queries=100, k=5, seed=3)
 
@@ -385,7 +395,7 @@ def test_ict_on_the_synthetic_world_finds_a_sentences_own_block(world_corpus, tm
     0.008, trained 0.82 / 0.89 with this seed; over training seeds 0-4 untrained <= 0.04, trained 0.81-0.86 /
     0.89-0.92 (another world, seed 1: 0.79-0.83 / 0.85-0.88)."""
     tokenizer = AutoTokenizer.from_pretrained(world_corpus)
-    untrained = ict.load_embedder("random", tokenizer, ict.parse_config_overrides(TINY), seed=0)
+    untrained = towers.load_embedder("random", tokenizer, ict.parse_config_overrides(TINY), seed=0)
     before = ict.evaluate_retrieval(untrained, world_corpus, tokenizer, num_queries=288, k=5, seed=0)
     steps = ["--max-steps", "120", "--batch-size", "32", "--learning-rate", "1e-3", "--warmup-steps", "12"]
     args = train_args(world_corpus, tmp_path / "ict", *steps, "--save-steps", "0", "--logging-steps", "40")

@@ -22,10 +22,10 @@ from openrealm.trainers.index_builder import (
     latest_index_dir,
     leave_process_group,
     list_versions,
-    load_embedder,
     load_index,
     shard_range,
 )
+from openrealm.trainers.towers import load_embedder
 
 # Titles of different lengths and one long body, so batches mix lengths and padding.
 TITLES = ["the nile", "paris", "london city", "alan turing", "the river thames", "paris", "science"]

@@ -3,6 +3,7 @@ Trainer-based job end to end."""
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers import pretrain
+from openrealm.trainers import pretrain, towers
 from openrealm.trainers.index_builder import build_index, list_versions
 from openrealm.trainers.pretraining import RealmPretrainingExamples
 from openrealm.trainers.refresh import (
@@ -333,7 +334,7 @@ def test_embedder_learning_rate_gives_the_retriever_its_own_optimizer_groups(cor
     tokenizer = AutoTokenizer.from_pretrained(corpus)
     embedder = tiny_embedder(tokenizer)
     fields = {key: int(value) for key, value in (item.split("=") for item in TINY.split(","))}
-    encoder = pretrain.load_encoder("random", tokenizer, fields)
+    encoder = towers.load_encoder("random", tokenizer, fields)
     index = build_index(embedder, corpus, tmp_path / "index", version=0, progress=False)
     trainer = pretrain.build_trainer(args, embedder, encoder, tokenizer, load_corpus(corpus), index)
     groups = trainer.create_optimizer().param_groups
@@ -345,3 +346,80 @@ def test_embedder_learning_rate_gives_the_retriever_its_own_optimizer_groups(cor
         assert len(in_embedder) == 1  # a group is all retriever or all encoder
         assert group["lr"] == (1e-5 if in_embedder == {True} else 1e-3)
     assert {group["lr"] for group in groups} == {1e-5, 1e-3}
+
+
+def small_corpus(corpus: Path, output: Path, texts: list[str], spans: str = "regex") -> Path:
+    """A corpus of one block per text (titles "Article i"), tokenized with the world's vocabulary."""
+    articles = Dataset.from_list([{"title": f"Article {i}", "text": text} for i, text in enumerate(texts)])
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    build_corpus(articles, output, tokenizer, span_annotator=make_span_annotator(spans))
+    return output
+
+
+UNDATED = [f"The river number {i} flows past the city and into the sea." for i in range(8)]
+
+
+def pretrain_argv(corpus: Path, output: Path, *extra: str) -> list[str]:
+    argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
+    argv += ["--refresh-every", "100", "--refresh-mode", "off", "--config-overrides", TINY, "--no-progress"]
+    return argv + ["--index-batch-size", "32", *extra]
+
+
+def test_pretraining_refuses_a_corpus_without_any_salient_span_naming_the_counts_and_flags(corpus, tmp_path, capsys):
+    blocks = small_corpus(corpus, tmp_path / "corpus", UNDATED[:3], spans="none")
+    output = tmp_path / "out"
+    assert pretrain.main(pretrain_argv(blocks, output, "--max-steps", "2")) == 2
+    error = capsys.readouterr().err
+    assert "0 of 3 blocks" in error and "(span annotators: none)" in error
+    for flag in ("--spans spacy", "--spans MODEL", "--spans random_span", "--spans random_token"):
+        assert flag in error, flag
+    assert not output.exists()  # refused before any index was built
+
+
+def test_random_span_masking_trains_on_a_corpus_without_spans(corpus, tmp_path):
+    blocks = small_corpus(corpus, tmp_path / "corpus", UNDATED, spans="none")
+    argv = pretrain_argv(blocks, tmp_path / "out", "--max-steps", "1", "--spans", "random_span", "--batch-size", "2")
+    assert pretrain.main(argv) == 0
+    summary = json.loads((tmp_path / "out" / "pretraining.json").read_text())
+    assert summary["totals"]["num_examples"] == 2 and summary["skipped_batches"] == 0
+
+
+def test_batches_of_only_dropped_examples_are_skipped_counted_and_training_finishes(corpus, tmp_path, capsys):
+    # One block of 8 has a date: batches of 2 over the 8 blocks (one epoch in 4 steps) leave 3 batches empty.
+    texts = ["The river was named in March 1912 by the city.", *UNDATED[1:]]
+    blocks = small_corpus(corpus, tmp_path / "corpus", texts)
+    output = tmp_path / "out"
+    argv = pretrain_argv(blocks, output, "--max-steps", "4", "--batch-size", "2", "--logging-steps", "1")
+    assert pretrain.main(argv) == 0
+    assert "1 of 8 blocks have a salient span" in capsys.readouterr().out
+    summary = json.loads((output / "pretraining.json").read_text())
+    assert summary["skipped_batches"] == 3 and summary["dropped_examples"] == 7
+    assert summary["totals"]["num_examples"] == 1 and summary["totals"]["num_skipped_queries"] == 7
+    logs = [entry for entry in summary["log_history"] if "loss" in entry]
+    assert [entry["step"] for entry in logs] == [1, 2, 3, 4]
+    assert sorted(entry["num_skipped_batches"] for entry in logs) == [0, 1, 1, 1]
+    trained = [entry for entry in logs if entry["num_skipped_batches"] == 0]
+    assert trained[0]["num_examples"] == 1 and "retrieval_utility" in trained[0]
+    assert all("retrieval_utility" not in entry for entry in logs if entry["num_skipped_batches"])
+    assert [entry["num_dropped_examples"] for entry in logs] == [
+        2 if entry["num_skipped_batches"] else 1 for entry in logs
+    ]
+    assert math.isfinite(summary["train_loss"])
+
+
+def test_cli_corpus_build_with_defaults_feeds_train_pretrain_with_defaults(corpus, tmp_path):
+    from openrealm.trainers import cli
+
+    texts = [f"The city number {i} was founded in {1800 + 7 * i} near the river." for i in range(6)] + UNDATED[:4]
+    source = tmp_path / "articles.jsonl"
+    source.write_text("".join(json.dumps({"title": f"Town {i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    built = tmp_path / "corpus"
+    assert cli.main(["corpus", "build", "--input", str(source), "--output", str(built), "--tokenizer", str(corpus.parent / "vocab")]) == 0  # fmt: skip
+    output = tmp_path / "out"
+    argv = ["train", "pretrain", "--corpus", str(built), "--embedder", "random", "--encoder", "random"]
+    argv += ["--output", str(output), "--max-steps", "2", "--refresh-every", "100", "--config-overrides", TINY]
+    assert cli.main(argv) == 0
+    summary = json.loads((output / "pretraining.json").read_text())
+    assert summary["spans"] == "salient" and summary["refresh_mode"] == "async" and summary["batch_size"] == 4
+    assert summary["totals"]["num_examples"] > 0 and math.isfinite(summary["train_loss"])
+    assert json.loads((built / "corpus_config.json").read_text())["span_annotators"] == ["date-regex"]

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers import ict, pretrain
+from openrealm.trainers import ict, pretrain, towers
 from openrealm.trainers.pretrain_eval import (
     PretrainingEvalCallback,
     curves,
@@ -57,8 +57,8 @@ def queries(tokenizer, blocks):
 
 def random_model(tokenizer, seed: int = 0) -> RealmPretrainingModel:
     overrides = ict.parse_config_overrides(TINY)
-    embedder = ict.load_embedder("random", tokenizer, overrides, seed)
-    encoder = pretrain.load_encoder("random", tokenizer, overrides, seed)
+    embedder = towers.load_embedder("random", tokenizer, overrides, seed)
+    encoder = towers.load_encoder("random", tokenizer, overrides, seed)
     return RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0)
 
 

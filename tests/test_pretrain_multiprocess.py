@@ -143,3 +143,19 @@ def test_checkpoint_holds_every_rank_state_and_resume_restores_its_index_version
     assert first["index_versions"] == second["index_versions"] == [[5, 2]]
     assert first["swaps"] == second["swaps"] == [{"step": 6, "version": 3, "snapshot_step": 6}]
     assert (resumed / "checkpoint-6").is_dir()
+
+
+@pytest.mark.slow
+def test_ranks_whose_batches_are_all_dropped_train_on_in_step_and_the_skips_are_summed(corpus, tmp_path):
+    # One block of 8 has a date; 2 ranks x 1 query x 4 steps: 7 of the 8 per-rank batches are empty. An empty batch
+    # that skipped DDP's forward would leave the other rank waiting in its gradient all-reduce (a timeout).
+    texts = ["The river was named in March 1912 by the city.", *test_pretrain.UNDATED[1:]]
+    blocks = test_pretrain.small_corpus(corpus, tmp_path / "corpus", texts)
+    output = tmp_path / "out"
+    argv = pretrain_argv(blocks, output, "off", 4)
+    argv[argv.index("--batch-size") + 1] = "1"
+    launch(["-m", "openrealm", "train", "pretrain"], argv)
+    summary = json.loads((output / "pretraining.json").read_text())
+    assert summary["num_processes"] == 2 and summary["log_history"][-1]["step"] == 4
+    assert summary["skipped_batches"] == 7 and summary["dropped_examples"] == 7
+    assert summary["totals"]["num_examples"] == 1

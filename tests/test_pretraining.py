@@ -116,6 +116,23 @@ def test_duplicate_uids_among_the_candidates_drop_the_example(tokenizer):
     assert batch["block_id"].tolist() == [5] and batch["uid"] == ["uid5"]
 
 
+def test_a_batch_whose_every_example_is_dropped_gives_empty_tensors_of_k_candidates(tokenizer):
+    examples = RealmPretrainingExamples(
+        tokenizer, hand_blocks(uids={0: "same", 1: "same"}), FirstTokenEmbedder(DIRECTION_1), hand_index()
+    )
+    batch = examples(hand_queries([([10, 7], [1], "uid5", 5), ([10, 8], [1], "uid6", 6)]))
+    assert batch["stats"] == {"num_examples": 0, "num_dropped_duplicate_uids": 2, "num_trivial_retrieved": 0}
+    assert batch["candidate_block_ids"].shape == (0, 8)
+    assert batch["joint_input_ids"].shape[:2] == (0, 8) and batch["candidate_input_ids"].shape[:2] == (0, 8)
+    assert batch["labels"].shape[0] == 0 and batch["uid"] == [] and batch["block_id"].tolist() == []
+
+
+def test_a_batch_collated_from_no_query_gives_empty_tensors_of_k_candidates(tokenizer):
+    examples = RealmPretrainingExamples(tokenizer, hand_blocks(), FirstTokenEmbedder(DIRECTION_1), hand_index())
+    batch = examples(SalientSpanCollator(tokenizer)([]))
+    assert batch["stats"]["num_examples"] == 0 and batch["candidate_block_ids"].shape == (0, 8)
+
+
 def test_null_document_is_first_with_its_exact_inputs(tokenizer):
     examples = RealmPretrainingExamples(tokenizer, hand_blocks(), FirstTokenEmbedder(DIRECTION_1), hand_index())
     batch = examples(hand_queries([([10, 11, 12], [2], "uid11", 11)]))
@@ -339,3 +356,17 @@ def test_retrieval_utility_is_positive_when_the_reader_uses_a_retrieved_document
     assert output.token_log_prob[:, 1].mean() > -0.1  # the reader is now sure of the answer given candidate 1
     assert output.retrieval_utility.item() > 1.0 > abs(baseline)
     assert output.oracle_candidate_log_prob.item() == pytest.approx(output.token_log_prob[:, 1].mean().item())
+
+
+def test_a_batch_without_examples_gives_a_zero_loss_reaching_every_trainable_parameter(tokenizer):
+    """An all-dropped batch still goes through forward (under DDP every rank must all-reduce each step): its loss is
+    0 and its backward gives every trainable parameter a zero gradient."""
+    examples = RealmPretrainingExamples(
+        tokenizer, hand_blocks(uids={0: "same", 1: "same"}), FirstTokenEmbedder(DIRECTION_1), hand_index()
+    )
+    model = make_model().train()
+    output = model(**examples(hand_queries([([10, 7], [1], "uid5", 5)])))
+    output.loss.backward()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert output.loss.item() == 0.0 and output.retrieval_utility is None
+    assert all(p.grad is not None and not p.grad.any() for p in trainable) and len(trainable) > 10

@@ -688,8 +688,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="articles per batch")
     parser.add_argument(
         "--spans",
-        default="none",
-        help="salient spans: none, regex (dates), spacy[:MODEL] (+ dates), or a token-classification model (+ dates)",
+        default="regex",
+        help="salient spans: regex (dates, the default), spacy[:MODEL] (NER + dates), a token-classification model "
+        "(NER + dates), or none (no spans: `train pretrain` then needs --spans random_token or random_span)",
     )
     parser.add_argument(
         "--no-page-filter", action="store_true", help="keep List of/Index of/Outline of/disambiguation pages"

@@ -123,8 +123,14 @@ def run_ask(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from openrealm.modeling_realm import MissingWeightsError
+
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except MissingWeightsError as error:  # a checkpoint that would train or answer with random weights
+        print(f"openrealm: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from transformers.utils import ModelOutput
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.index_builder import embed_blocks, leave_process_group
-from openrealm.trainers.index_builder import load_embedder as load_checkpoint_embedder
+from openrealm.trainers.towers import check_tokenizer, fit_length, load_embedder, save_tower
 
 # Google's ORQA ICT defaults (orqa/experiments/ict_experiment.py, orqa/datasets/ict_dataset.py).
 QUERY_SEQ_LEN = 64
@@ -340,46 +339,6 @@ def parse_config_overrides(text: str | None) -> dict:
     return overrides
 
 
-def load_embedder(init: str, tokenizer, config_overrides: dict | None = None, seed: int = 0) -> RealmEmbedder:
-    """`init`: a REALM checkpoint (RealmEmbedder, or the embedder tower of a RealmScorer / RealmForOpenQA folder) or
-    any BERT checkpoint (encoder loaded, projection head new), as a folder or Hub id; or "random": a fresh
-    RealmEmbedder sized by config_overrides, with the tokenizer's vocabulary. config_overrides: RealmConfig fields."""
-    from transformers import set_seed
-
-    overrides = dict(config_overrides or {})
-    set_seed(seed)  # the new heads (and a random model) start from the seed
-    if init == "random":
-        overrides.setdefault("vocab_size", len(tokenizer))
-        overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
-        return RealmEmbedder(RealmConfig(**overrides))
-    return load_checkpoint_embedder(init, **overrides)
-
-
-def check_compatible(embedder: RealmEmbedder, tokenizer, init: str, query_seq_len: int, block_seq_len: int) -> None:
-    """Refuse a model that cannot read the corpus's token ids or the requested lengths."""
-    config = embedder.config
-    if len(tokenizer) > config.vocab_size:
-        raise ValueError(
-            f"the corpus tokenizer has {len(tokenizer)} tokens but {init} embeds only "
-            f"{config.vocab_size}: build the corpus with the model's tokenizer"
-        )
-    longest = max(query_seq_len, block_seq_len)
-    if longest > config.max_position_embeddings:
-        raise ValueError(
-            f"{init} reads at most {config.max_position_embeddings} positions, sequences of {longest} "
-            "were asked for (lower --block-seq-len / --query-seq-len)"
-        )
-    tokenizer_files = ("tokenizer.json", "vocab.txt")
-    if init != "random" and any(os.path.isfile(os.path.join(init, name)) for name in tokenizer_files):
-        from transformers import AutoTokenizer
-
-        if AutoTokenizer.from_pretrained(init).get_vocab() != tokenizer.get_vocab():
-            raise ValueError(
-                f"{init}'s vocabulary differs from the corpus tokenizer's: the corpus token ids would mean other "
-                "words. Build the corpus with this model's tokenizer (or pass --tokenizer)."
-            )
-
-
 @torch.no_grad()
 def embed_queries(embedder: RealmEmbedder, queries: list[list[int]], tokenizer, batch_size: int = 128) -> torch.Tensor:
     """Query input ids (`[CLS] sentence [SEP]` rows) -> embeddings [Q, P] float32 on the CPU (eval mode)."""
@@ -554,23 +513,6 @@ def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, 
     )
 
 
-def save_embedder(embedder: RealmEmbedder, tokenizer, output: str | os.PathLike, summary: dict) -> None:
-    """Write the RealmEmbedder, the tokenizer and ict_training.json into output; each file replaces its namesake by
-    rename, so a reader never sees a half-written folder (checkpoint-* folders beside them are kept)."""
-    from openrealm.modeling_realm import move_into
-
-    output = Path(output).absolute()
-    output.mkdir(parents=True, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".ict-saving-", dir=output.parent)
-    try:
-        embedder.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        Path(staging, "ict_training.json").write_text(json.dumps(summary, indent=2) + "\n")
-        move_into(staging, str(output))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `openrealm train ict`."""
     parser.add_argument("--corpus", required=True, help="knowledge-corpus folder (openrealm corpus build)")
@@ -599,8 +541,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="linear warm-up steps (default Google's min(10000, max(100, max_steps / 10)))",
     )
-    parser.add_argument("--query-seq-len", type=int, default=QUERY_SEQ_LEN, help="query wordpieces (default 64)")
-    parser.add_argument("--block-seq-len", type=int, default=BLOCK_SEQ_LEN, help="block wordpieces (default 288)")
+    parser.add_argument(
+        "--query-seq-len", type=int, default=None, help="query wordpieces (default 64, or what the model reads)"
+    )
+    parser.add_argument(
+        "--block-seq-len", type=int, default=None, help="block wordpieces (default 288, or what the model reads)"
+    )
     parser.add_argument(
         "--mask-rate",
         type=float,
@@ -701,8 +647,14 @@ def run(args: argparse.Namespace) -> int:
     prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None)
     blocks = load_blocks(args.corpus).select_columns(list(CORPUS_COLUMNS))
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
-    embedder = load_embedder(args.init, tokenizer, parse_config_overrides(args.config_overrides), args.seed)
-    check_compatible(embedder, tokenizer, args.init, args.query_seq_len, args.block_seq_len)
+    embedder = load_embedder(args.init, tokenizer, parse_config_overrides(args.config_overrides), args.seed, "--init")
+    check_tokenizer(embedder, tokenizer, args.init, "--init")
+    for name, default in (("query_seq_len", QUERY_SEQ_LEN), ("block_seq_len", BLOCK_SEQ_LEN)):
+        chosen = getattr(args, name)
+        setting = "--" + name.replace("_", "-")
+        setattr(
+            args, name, fit_length(embedder, chosen or default, f"--init {args.init}", setting, chosen is not None)
+        )
     trainer = build_trainer(args, embedder, tokenizer, blocks)
     resume = True if args.resume_from_checkpoint == "last" else args.resume_from_checkpoint
     result = trainer.train(resume_from_checkpoint=resume)
@@ -721,7 +673,7 @@ def run(args: argparse.Namespace) -> int:
                 block_seq_len=args.block_seq_len,
             )
             print(json.dumps({"retrieval": summary["retrieval"]}))
-        save_embedder(embedder, tokenizer, args.output, summary)
+        save_tower(embedder, args.output, tokenizer, {"ict_training.json": json.dumps(summary, indent=2) + "\n"})
         print(f"ICT: saved the RealmEmbedder to {args.output} (train loss {result.training_loss:.4f})")
         if args.push_to_hub:
             embedder.push_to_hub(args.push_to_hub)

@@ -46,9 +46,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from openrealm import RealmBlockIndex, RealmEmbedder
+from openrealm import RealmBlockIndex
 from openrealm.index_realm import INDEX_TYPES
 from openrealm.tokenization.corpus import batch_retriever_inputs, load_corpus, read_corpus_config
+from openrealm.trainers.towers import check_corpus_ids, fit_length, load_embedder
 
 if TYPE_CHECKING:
     from accelerate import PartialState
@@ -79,49 +80,6 @@ def _arrow_table(blocks):
     if hasattr(blocks, "_indices") and blocks._indices is not None:  # a select()/shuffle() view: rows != block ids
         raise ValueError("pass the corpus blocks dataset itself (corpus.load_corpus), not a select()/shuffle() view")
     return blocks.data.table if hasattr(blocks, "data") else blocks
-
-
-def load_embedder(name_or_path: str | os.PathLike, **kwargs):
-    """A RealmEmbedder from a REALM checkpoint (RealmEmbedder, or the `embedder` of RealmScorer / RealmForOpenQA) or a
-    BERT checkpoint (from_bert_pretrained: the projection head starts fresh). kwargs go to from_pretrained."""
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
-    name = os.fspath(name_or_path)
-    if not os.path.isdir(name) and _looks_like_path(name):
-        raise FileNotFoundError(f"embedder folder {name} does not exist")
-    try:
-        config = AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as error:
-        raise FileNotFoundError(f"cannot load an embedder from {name}: {error}") from error
-    kwargs.setdefault("attn_implementation", "sdpa")
-    if config.model_type == "bert":
-        return RealmEmbedder.from_bert_pretrained(name, **kwargs)
-    if config.model_type != "realm":
-        raise ValueError(f"{name} is a {config.model_type!r} checkpoint; --embedder takes REALM or BERT checkpoints")
-    architecture = (config.architectures or ["RealmEmbedder"])[0]
-    if architecture == "RealmEmbedder":
-        return RealmEmbedder.from_pretrained(name, **kwargs)
-    if architecture not in ("RealmScorer", "RealmForOpenQA"):
-        raise ValueError(f"{name} holds a {architecture}, which has no block embedder")
-    # Only the `embedder.*` weights are read (no reader, no retriever); the other towers' keys are expected leftovers.
-    # NB: in an ORQA-fine-tuned RealmForOpenQA this tower was tuned for questions while the blocks stayed frozen.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        embedder, info = RealmEmbedder.from_pretrained(
-            name, key_mapping={r"^embedder\.": ""}, output_loading_info=True, **kwargs
-        )
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    if info["missing_keys"]:
-        raise ValueError(f"{name} ({architecture}) lacks embedder weights: {sorted(info['missing_keys'])[:4]}")
-    return embedder
-
-
-def _looks_like_path(name: str) -> bool:
-    """A Hub id is 'name' or 'owner/name'; anything else that is not a folder is a missing local path."""
-    return os.path.isabs(name) or name.startswith((".", "~", "/")) or name.count("/") > 1 or "\\" in name
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -222,14 +180,15 @@ def embed_blocks(
 
     device = torch.device(device) if device is not None else next(embedder.parameters()).device
     compute_dtype = resolve_dtype(dtype, device)
-    _check_embedder_fits(embedder, max_length)
     start, stop = shard_range(len(_arrow_table(blocks)), *shard)
     dim = embedder.config.retriever_proj_size
     out = torch.empty(stop - start, dim, dtype=torch.float32)
     if stop == start:
         return out
     table = _arrow_table(blocks)
-    batches = length_batches(block_lengths(table.slice(start, stop - start), max_length), batch_size, sort_by_length)
+    lengths = block_lengths(table.slice(start, stop - start), max_length)
+    _check_embedder_fits(embedder, int(lengths.max()), max_length)
+    batches = length_batches(lengths, batch_size, sort_by_length)
     loader = torch.utils.data.DataLoader(
         _BlockBatches(table, batches, start, tokenizer, max_length),
         batch_size=None,
@@ -258,25 +217,14 @@ def _flush(pending: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) 
         pending.clear()
 
 
-def _check_embedder_fits(embedder: torch.nn.Module, max_length: int) -> None:
+def _check_embedder_fits(embedder: torch.nn.Module, longest: int, max_length: int) -> None:
+    """The longest block input (at most max_length) fits the embedder's positions (else it would fail mid-run)."""
     config = embedder.config
-    if max_length > config.max_position_embeddings:
+    if longest > config.max_position_embeddings:
         raise ValueError(
-            f"max_length={max_length} exceeds the embedder's max_position_embeddings={config.max_position_embeddings}"
-            f" ({getattr(config, '_name_or_path', '') or 'embedder'})"
-        )
-
-
-def check_vocabulary(blocks, embedder: torch.nn.Module, corpus_dir: str | os.PathLike, embedder_name: str) -> None:
-    """Every wordpiece id of the corpus must be a row of the embedder's embedding table (same vocabulary)."""
-    import pyarrow.compute as pc
-
-    table = _arrow_table(blocks)
-    largest = max((pc.max(pc.list_flatten(table.column(name))).as_py() or 0) for name in ("title_ids", "token_ids"))
-    if largest >= embedder.config.vocab_size:
-        raise ValueError(
-            f"corpus {corpus_dir} holds wordpiece id {largest} but the embedder {embedder_name} has a vocabulary of "
-            f"{embedder.config.vocab_size}: the corpus was tokenized with another vocabulary"
+            f"blocks of {longest} wordpieces (max_length={max_length}) exceed the embedder's max_position_embeddings="
+            f"{config.max_position_embeddings} ({getattr(config, '_name_or_path', '') or 'embedder'}): pass "
+            f"--max-length {config.max_position_embeddings} (max_length=) to cut them"
         )
 
 
@@ -461,7 +409,7 @@ def build_index(
     embedder_name = os.fspath(embedder) if isinstance(embedder, (str, os.PathLike)) else _model_name(embedder)
     if isinstance(embedder, (str, os.PathLike)):
         embedder = load_embedder(embedder)
-    check_vocabulary(blocks, embedder, corpus_dir, embedder_name)
+    check_corpus_ids(blocks, embedder, corpus_dir, f"the embedder {embedder_name}")
     previous = _previous_index(output_dir, layout)
     dim = embedder.config.retriever_proj_size
     if previous is not None and previous[1].get("dim") != dim:
@@ -571,7 +519,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
     parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass, per process")
-    parser.add_argument("--max-length", type=int, default=MAX_BLOCK_LENGTH, help="wordpieces per block (288)")
+    parser.add_argument(
+        "--max-length", type=int, default=None, help="wordpieces per block (default 288, or what the embedder reads)"
+    )
     parser.add_argument(
         "--dtype", choices=("auto", *DTYPES), default="auto", help="autocast dtype (auto: bf16 on CUDA, fp32 on CPU)"
     )
@@ -592,8 +542,11 @@ def run(args: argparse.Namespace) -> int:
     state = PartialState(cpu=cpu or (world_size > 1 and not torch.cuda.is_available()))
     device = torch.device(args.device) if args.device else state.device
     num_workers = args.num_workers if args.num_workers is not None else (2 if device.type == "cuda" else 0)
+    embedder = load_embedder(args.embedder)
+    name = f"--embedder {args.embedder}"
+    max_length = fit_length(embedder, args.max_length or MAX_BLOCK_LENGTH, name, "--max-length", bool(args.max_length))
     index = build_index(
-        args.embedder,
+        embedder,
         args.corpus,
         args.output,
         index_type=args.index_type,
@@ -605,7 +558,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         device=device,
         dtype=args.dtype,
-        max_length=args.max_length,
+        max_length=max_length,
         sort_by_length=not args.no_sort,
         num_workers=num_workers,
         progress=not args.quiet,

@@ -40,9 +40,15 @@ import torch
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
-from openrealm.modeling_realm import BERT_CONFIG_FIELDS
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
 from openrealm.trainers.ict import google_warmup_steps
+from openrealm.trainers.towers import (
+    check_corpus_ids,
+    check_same_architecture,
+    fit_length,
+    load_embedder,
+    load_encoder,
+)
 
 SEARCHER_BEAM_SIZE = 5000  # ORQA: blocks scored by the retriever loss
 READER_BEAM_SIZE = 5  # ORQA: blocks read in training
@@ -51,8 +57,6 @@ LEARNING_RATE = 1e-5
 MIN_PASSAGE_OVERLAP = 0.5  # REALM++: a retrieved block with >= 50% of the gold passage's words is gold
 SUMMARY_NAME = "openqa_training.json"
 DEV_RESULTS_NAME = "dev_results.json"
-# Fields of the towers' configs that must agree: RealmForOpenQA holds one config for its embedder and reader.
-ARCHITECTURE_FIELDS = tuple(name for name in BERT_CONFIG_FIELDS if not name.endswith("dropout_prob"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -60,43 +64,16 @@ ARCHITECTURE_FIELDS = tuple(name for name in BERT_CONFIG_FIELDS if not name.ends
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def load_tower(model: str | os.PathLike | torch.nn.Module, kind: str) -> torch.nn.Module:
-    """A RealmEmbedder (kind "embedder") or a model whose `.realm` is the reader's BERT (kind "encoder": a
-    RealmKnowledgeAugEncoder, RealmReader or BERT checkpoint), from a folder / Hub id or as given."""
-    if isinstance(model, torch.nn.Module):
-        return model
-    if kind == "embedder":
-        from openrealm.trainers.index_builder import load_embedder
-
-        return load_embedder(model)
-    from openrealm.trainers.pretrain import load_encoder
-
-    return load_encoder(os.fspath(model), tokenizer=None)
-
-
-def check_same_architecture(embedder: torch.nn.Module, encoder: torch.nn.Module) -> None:
-    """RealmForOpenQA has one config for both encoders: their BERT architectures must agree."""
-    differences = [
-        f"{name}: embedder {getattr(embedder.config, name, None)} vs encoder {getattr(encoder.config, name, None)}"
-        for name in ARCHITECTURE_FIELDS
-        if getattr(embedder.config, name, None) != getattr(encoder.config, name, None)
-    ]
-    if differences:
-        raise ValueError(
-            "The embedder and the encoder must share one BERT architecture for RealmForOpenQA; they differ in "
-            + "; ".join(differences)
-        )
-
-
 def embed_corpus(embedder: RealmEmbedder, corpus: str | os.PathLike, batch_size: int = 128) -> RealmBlockIndex:
     """An exact index of the embedder's embeddings of every block of the corpus folder."""
     from openrealm.tokenization.corpus import load_corpus, read_corpus_config
-    from openrealm.trainers.index_builder import check_vocabulary, embed_blocks
+    from openrealm.trainers.index_builder import embed_blocks
 
     blocks = load_corpus(corpus)
-    check_vocabulary(blocks, embedder, corpus, "the embedder")
+    check_corpus_ids(blocks, embedder, corpus, "the embedder")
     tokenizer = AutoTokenizer.from_pretrained(corpus)
     max_length = read_corpus_config(corpus)["max_block_length"]  # the blocks' `[CLS] title [SEP] body [SEP]` length
+    max_length = fit_length(embedder, max_length, "the embedder", "the block length")
     block_emb = embed_blocks(embedder, blocks, tokenizer, batch_size=batch_size, max_length=max_length, progress=False)
     return RealmBlockIndex.build(block_emb, index_type="exact")
 
@@ -127,7 +104,10 @@ def openqa_model_from_pretraining(
     corpus folder (`openrealm corpus build`). index: the index of the embedder's block embeddings (a RealmBlockIndex
     or a folder); default: built here (exact MIPS). config_overrides: RealmConfig fields (e.g. reader_beam_size).
     """
-    embedder, encoder = load_tower(embedder, "embedder"), load_tower(encoder, "encoder")
+    if not isinstance(embedder, torch.nn.Module):
+        embedder = load_embedder(embedder)
+    if not isinstance(encoder, torch.nn.Module):
+        encoder = load_encoder(encoder)
     check_same_architecture(embedder, encoder)
     index = embed_corpus(embedder, corpus) if index is None else load_block_index(index)
     if index.dim != embedder.config.retriever_proj_size:
@@ -139,7 +119,7 @@ def openqa_model_from_pretraining(
         {**embedder.config.to_dict(), "architectures": ["RealmForOpenQA"], **config_overrides}
     )
     config.num_block_records = index.num_blocks
-    config.reader_seq_len = min(config.reader_seq_len, config.max_position_embeddings)
+    config.reader_seq_len = fit_length(encoder, config.reader_seq_len, "the reader", "reader_seq_len")
     model = RealmForOpenQA(config, retriever=retriever)
     model.embedder.load_state_dict(embedder.state_dict())
     reader_bert = encoder.realm if hasattr(encoder, "realm") else encoder

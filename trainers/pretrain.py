@@ -15,12 +15,15 @@ from the initial embedder into OUTPUT/index (or `--index ROOT` is loaded; it mus
 
 Logged with the loss: retrieval_utility, null_doc_prob, retrieval_entropy (of p(z|x): near 0 means a saturated retrieval
 softmax), top/oracle candidate log-probs (Google §3.6), the examples' counters (trivial retrievals, examples dropped for
-duplicate uids, queries skipped by the masker), the batches' index version and the refresh metrics (index_version,
-index_staleness_steps/seconds, refresh_stall_seconds, builds).
+duplicate uids, queries skipped by the masker, their sum num_dropped_examples, and num_skipped_batches: batches left
+with no example, which take a zero-loss step instead of crashing), the batches' index version and the refresh metrics
+(index_version, index_staleness_steps/seconds, refresh_stall_seconds, builds). Salient-span masking refuses to start
+on a corpus where no block has a span (see `salient_span_refusal`).
 
 OUTPUT at the end: `embedder/` (RealmEmbedder), `encoder/` (RealmKnowledgeAugEncoder), `scorer/` (RealmScorer holding
 the embedder's weights), each with the tokenizer and a model card (README.md, `openrealm.hub_cards`), the tokenizer at
-the top too, `pretraining.json` (settings and final metrics), and `index/` (the newest index versions).
+the top too, `pretraining.json` (settings, final metrics, and the run's skipped_batches / dropped_examples summed over
+the processes), and `index/` (the newest index versions).
 
 Checkpoints (`--save-steps N`, the newest `--save-total-limit` kept): OUTPUT/checkpoint-STEP/ holds the Trainer's files
 (model.safetensors of the joint model, optimizer, scheduler, RNG, trainer_state.json) plus `embedder/`, `encoder/`,
@@ -51,6 +54,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -61,11 +65,11 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
-from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
+from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
 from openrealm.hub_cards.model_card import realm_model_card
-from openrealm.tokenization.corpus import load_corpus
+from openrealm.tokenization.corpus import load_corpus, read_corpus_config
 from openrealm.tokenization.masking import STRATEGIES, SalientSpanCollator
-from openrealm.trainers.ict import google_warmup_steps, load_embedder, parse_config_overrides
+from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides
 from openrealm.trainers.index_builder import build_index, leave_process_group, load_index
 from openrealm.trainers.pretraining import (
     CANDIDATE_SEQ_LEN,
@@ -78,6 +82,14 @@ from openrealm.trainers.pretraining import (
     RealmPretrainingModel,
 )
 from openrealm.trainers.refresh import MODES, IndexRefreshCallback, snapshot_embedder
+from openrealm.trainers.towers import (
+    check_tokenizer,
+    fit_length,
+    load_embedder,
+    load_encoder,
+    save_tower,
+    scorer_from_embedder,
+)
 
 LEARNING_RATE = 3e-5  # Google's --learning_rate default
 OUTPUT_METRICS = (
@@ -93,6 +105,14 @@ QUERY_EMBEDDER_DIR = "query_embedder"
 STAGING_PREFIX = ".staging-"
 TOWERS = ("embedder", "encoder", "scorer")
 RANK_RECORDS_DIR = "refresh"  # OUTPUT/refresh/rank-R.json: the index versions each process used, by step
+# Logged counters: the examples' (COUNTERS), queries the masker skipped (no usable span...), per-process batches left
+# with no example (a zero-loss step, see RealmPretrainingModel._skipped_batch_output).
+RUN_COUNTERS = (*COUNTERS, "num_skipped_queries", "num_skipped_batches")
+
+
+def dropped_examples(counts) -> int:
+    """Corpus rows that gave no training example: skipped by the masker or dropped for duplicate uids (Google)."""
+    return int(counts["num_skipped_queries"] + counts["num_dropped_duplicate_uids"])
 
 
 class PretrainingCollator:
@@ -126,6 +146,7 @@ class RealmPretrainingTrainer(Trainer):
         # The model returns a token-mean loss; it takes no num_items_in_batch.
         self.model_accepts_loss_kwargs = False
         self._sums: Counter = Counter()
+        self.totals: Counter = Counter()  # the counters over the whole run in this process (never reset)
         self._steps = 0
         self._batch_index_version = -1
         self.embedder_learning_rate: float | None = None  # None: the embedder trains at args.learning_rate
@@ -150,23 +171,27 @@ class RealmPretrainingTrainer(Trainer):
         return optimizer
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The model's loss; REALM's metrics and counters accumulate for `log`. A batch whose every example was
+        dropped (no usable span, duplicate uids) still goes through `model`: its zero loss reaches every parameter
+        through the DDP wrapper (see `RealmPretrainingModel._skipped_batch_output`); it is counted in
+        num_skipped_batches and left out of the model metrics' means."""
         inputs = dict(inputs)
         extras = {name: inputs.pop(name, None) for name in BATCH_EXTRAS}
-        self._sums.update(extras["stats"] or {})
-        self._sums["num_skipped_queries"] += extras["num_skipped"] or 0
+        counts = Counter(extras["stats"] or {})
+        counts["num_skipped_queries"] += extras["num_skipped"] or 0
+        skipped = not bool((inputs["labels"] != -100).any())
+        counts["num_skipped_batches"] += int(skipped)
+        self._sums.update(counts)
+        self.totals.update(counts)
         if extras["index_version"] is not None:
             self._batch_index_version = extras["index_version"]
             if not self.batch_index_versions or self.batch_index_versions[-1][1] != self._batch_index_version:
                 self.batch_index_versions.append((self.state.global_step + 1, self._batch_index_version))
-        if not bool((inputs["labels"] != -100).any()):
-            # Every query of the batch was dropped or skipped: no token to predict, a zero loss keeps the step.
-            self._sums["num_empty_batches"] += 1
-            loss = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
-            return (loss, None) if return_outputs else loss
         outputs = model(**inputs)
-        self._steps += 1
-        for name in OUTPUT_METRICS:
-            self._sums[name] += float(getattr(outputs, name).detach())
+        if not skipped:
+            self._steps += 1
+            for name in OUTPUT_METRICS:
+                self._sums[name] += float(getattr(outputs, name).detach())
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
@@ -236,14 +261,25 @@ class RealmPretrainingTrainer(Trainer):
             logs.update(self.pretraining_metrics())
         super().log(logs, start_time)
 
+    def run_totals(self) -> dict[str, int]:
+        """The counters over the whole run (since this process started or resumed), summed over the processes, and
+        num_dropped_examples. A collective under several processes: every rank must call it."""
+        counts = torch.tensor([self.totals[name] for name in RUN_COUNTERS], dtype=torch.long)
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").cpu()
+        totals = dict(zip(RUN_COUNTERS, counts.tolist()))
+        totals["num_dropped_examples"] = dropped_examples(totals)
+        return totals
+
     def pretraining_metrics(self) -> dict[str, float]:
         """REALM's metrics since the previous call (means of the model's, sums of the counters), then reset."""
         metrics: dict[str, float] = {}
         for name in OUTPUT_METRICS:
             if self._steps:
                 metrics[name] = round(self._sums[name] / self._steps, 5)
-        for name in (*COUNTERS, "num_skipped_queries", "num_empty_batches"):
+        for name in RUN_COUNTERS:
             metrics[name] = self._sums[name]
+        metrics["num_dropped_examples"] = dropped_examples(self._sums)
         metrics["batch_index_version"] = self._batch_index_version
         if self.refresh is not None:
             metrics.update(self.refresh.metrics(self.state.global_step))
@@ -256,40 +292,17 @@ class RealmPretrainingTrainer(Trainer):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def load_encoder(
-    init: str, tokenizer, config_overrides: dict | None = None, seed: int = 0
-) -> RealmKnowledgeAugEncoder:
-    """`init`: a RealmKnowledgeAugEncoder folder / Hub id, any BERT checkpoint (MLM head loaded when it has one), or
-    "random" (a fresh encoder sized by config_overrides, with the tokenizer's vocabulary)."""
-    from transformers import AutoConfig, set_seed
-
-    overrides = dict(config_overrides or {})
-    set_seed(seed)
-    if init == "random":
-        overrides.setdefault("vocab_size", len(tokenizer))
-        overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
-        return RealmKnowledgeAugEncoder(RealmConfig(**overrides))
-    if not os.path.isdir(init) and (os.path.isabs(init) or init.startswith((".", "~")) or init.count("/") > 1):
-        raise FileNotFoundError(f"encoder folder {init} does not exist")
-    config = AutoConfig.from_pretrained(init)
-    if config.model_type == "bert":
-        return RealmKnowledgeAugEncoder.from_bert_pretrained(init, **overrides)
-    if config.model_type != "realm":
-        raise ValueError(f"{init} is a {config.model_type!r} checkpoint; --encoder takes REALM or BERT checkpoints")
-    return RealmKnowledgeAugEncoder.from_pretrained(init, **overrides)
-
-
-def check_models(embedder, encoder, tokenizer, embedder_name: str, encoder_name: str) -> None:
-    """Both towers read the corpus token ids and the sequence lengths REALM feeds them."""
-    for model, name, length in ((embedder, embedder_name, CANDIDATE_SEQ_LEN), (encoder, encoder_name, JOINT_SEQ_LEN)):
-        if len(tokenizer) > model.config.vocab_size:
-            raise ValueError(
-                f"the corpus tokenizer has {len(tokenizer)} tokens but {name} embeds only {model.config.vocab_size}"
-            )
-        if length > model.config.max_position_embeddings:
-            raise ValueError(
-                f"{name} reads {model.config.max_position_embeddings} positions; REALM feeds it up to {length}"
-            )
+def fit_sequence_lengths(args: argparse.Namespace, embedder, encoder, tokenizer) -> None:
+    """Both towers read the corpus token ids; the query (96), block (288) and query + block (384) lengths REALM feeds
+    them are lowered, with a log line, to what each tower reads: args.query_seq_len, candidate_seq_len and
+    joint_seq_len (a model of 128 positions trains on a corpus of 288-wordpiece blocks, reading their beginnings)."""
+    check_tokenizer(embedder, tokenizer, args.embedder, "--embedder")
+    check_tokenizer(encoder, tokenizer, args.encoder, "--encoder")
+    embedder_name, encoder_name = f"--embedder {args.embedder}", f"--encoder {args.encoder}"
+    args.candidate_seq_len = fit_length(embedder, CANDIDATE_SEQ_LEN, embedder_name, "the block length")
+    args.joint_seq_len = fit_length(encoder, JOINT_SEQ_LEN, encoder_name, "the query + block length")
+    query = fit_length(embedder, QUERY_SEQ_LEN, embedder_name, "the query length")
+    args.query_seq_len = min(query, args.joint_seq_len - 4)  # room for a block's [SEP] title-or-body [SEP]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -309,6 +322,7 @@ def initial_index(args: argparse.Namespace, embedder, index_root: Path, accelera
         version=0,
         keep=3,
         batch_size=args.index_batch_size,
+        max_length=getattr(args, "candidate_seq_len", CANDIDATE_SEQ_LEN),
         progress=False,
         accelerator=accelerator,
     )
@@ -338,20 +352,15 @@ def checkpoint_index_versions(run_dir: str | os.PathLike) -> set[int]:
     return versions
 
 
-def scorer_from_embedder(embedder: RealmEmbedder) -> RealmScorer:
-    """A RealmScorer (shared query / document tower) holding the embedder's weights."""
-    scorer = RealmScorer(embedder.config)
-    scorer.embedder.load_state_dict(embedder.state_dict())
-    return scorer
-
-
 def save_towers(model: RealmPretrainingModel, tokenizer, folder: Path, skip: tuple[str, ...] = ()) -> None:
-    """folder/embedder/, encoder/, scorer/ (but those in skip: saved already), each with the tokenizer."""
+    """folder/embedder/, encoder/, scorer/ (but those in skip: saved already), each with the tokenizer; with
+    summary/cards given by save_models. The scorer is the embedder as a RealmScorer (shared query / document tower)."""
     towers = {"embedder": model.embedder, "encoder": model.encoder, "scorer": None}
     for name, tower in towers.items():
-        if name not in skip:
-            (tower or scorer_from_embedder(model.embedder)).save_pretrained(folder / name)
-        tokenizer.save_pretrained(folder / name)
+        if name in skip:
+            tokenizer.save_pretrained(folder / name)
+        else:
+            save_tower(tower or scorer_from_embedder(model.embedder), folder / name, tokenizer)
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -417,6 +426,33 @@ def restore_refresh_state(checkpoint: Path, refresh: IndexRefreshCallback, index
     return state
 
 
+def count_blocks_with_spans(blocks) -> int:
+    """How many blocks have at least one salient span (a datasets.Dataset is counted in Arrow, rows undecoded)."""
+    if hasattr(blocks, "with_format"):
+        import pyarrow.compute as pc
+
+        lengths = pc.list_value_length(blocks.with_format("arrow")["span_char_starts"])
+        return int(pc.sum(pc.greater(lengths, 0)).as_py() or 0)
+    return sum(1 for row in blocks if len(row["span_char_starts"]) > 0)
+
+
+def salient_span_refusal(with_spans: int, num_blocks: int, corpus: str | os.PathLike) -> str | None:
+    """Why salient-span pre-training (--spans salient) cannot start on a corpus of which `with_spans` blocks have a
+    span, or None. With none, every query would be dropped (as Google's code drops a record without a span) and
+    every batch would be empty; with some, the others' queries are dropped and counted. Random masking needs none."""
+    if with_spans:
+        return None
+    annotators = read_corpus_config(corpus).get("span_annotators")
+    built = f" (span annotators: {', '.join(annotators) or 'none'})" if annotators is not None else ""
+    return (
+        f"{with_spans:,} of {num_blocks:,} blocks of {corpus} have a salient span{built}, and --spans salient "
+        "(the default) masks salient spans only. Rebuild the corpus with named entities: `openrealm corpus build "
+        "... --spans spacy` or `--spans MODEL` (a token-classification model; the date regex runs with either, and "
+        "alone by default), or pre-train with random masking: `openrealm train pretrain ... --spans random_span` "
+        "(or `--spans random_token`)."
+    )
+
+
 def remove_stale_staging(output: str | os.PathLike) -> None:
     """Delete the staging folders of checkpoints a killed run left half-written."""
     for path in Path(output).glob(f"{STAGING_PREFIX}{PREFIX_CHECKPOINT_DIR}-*"):
@@ -438,9 +474,16 @@ def build_trainer(
 
     embedder.to("cuda" if torch.cuda.is_available() else "cpu")
     examples = RealmPretrainingExamples(
-        tokenizer, blocks, snapshot_embedder(embedder), index, num_candidates=args.num_candidates
+        tokenizer,
+        blocks,
+        snapshot_embedder(embedder),
+        index,
+        num_candidates=args.num_candidates,
+        candidate_seq_len=getattr(args, "candidate_seq_len", CANDIDATE_SEQ_LEN),
+        joint_seq_len=getattr(args, "joint_seq_len", JOINT_SEQ_LEN),
     )
-    masker = SalientSpanCollator(tokenizer, strategy=args.spans, seed=args.seed, query_seq_len=QUERY_SEQ_LEN)
+    query_seq_len = getattr(args, "query_seq_len", QUERY_SEQ_LEN)
+    masker = SalientSpanCollator(tokenizer, strategy=args.spans, seed=args.seed, query_seq_len=query_seq_len)
     index_root = Path(args.index_root or Path(args.output) / "index")
     refresh = IndexRefreshCallback(
         examples,
@@ -450,7 +493,10 @@ def build_trainer(
         args.refresh_mode,
         snapshot_time=time.time(),
         builder_device=getattr(args, "builder_device", None),
-        build_kwargs={"batch_size": args.index_batch_size},
+        build_kwargs={
+            "batch_size": args.index_batch_size,
+            "max_length": getattr(args, "candidate_seq_len", CANDIDATE_SEQ_LEN),
+        },
     )
     warmup = google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps
     training_args = TrainingArguments(
@@ -603,10 +649,23 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     world = state.num_processes
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
     blocks = load_corpus(args.corpus)  # memory-mapped Arrow: the ranks share its pages
+    if args.spans == "salient":  # before any model is loaded or index built; every rank decides alike
+        with_spans = count_blocks_with_spans(blocks)
+        refusal = salient_span_refusal(with_spans, len(blocks), args.corpus)
+        if refusal is not None:
+            if state.is_main_process:
+                print(f"openrealm train pretrain: {refusal}", file=sys.stderr)
+            leave_process_group(state)
+            return 2
+        if with_spans < len(blocks) and state.is_main_process:
+            print(
+                f"REALM pre-training: {with_spans:,} of {len(blocks):,} blocks have a salient span; the queries of "
+                "the others are dropped (num_skipped_queries in the logs)"
+            )
     overrides = parse_config_overrides(args.config_overrides)
-    embedder = load_embedder(args.embedder, tokenizer, overrides, args.seed)
-    encoder = load_encoder(args.encoder, tokenizer, overrides, args.seed)
-    check_models(embedder, encoder, tokenizer, args.embedder, args.encoder)
+    embedder = load_embedder(args.embedder, tokenizer, overrides, args.seed, "--embedder")
+    encoder = load_encoder(args.encoder, tokenizer, overrides, args.seed, "--encoder")
+    fit_sequence_lengths(args, embedder, encoder, tokenizer)
     if state.is_main_process:
         remove_stale_staging(args.output)
     state.wait_for_everyone()
@@ -627,6 +686,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             )
     result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     final = trainer.pretraining_metrics()
+    totals = trainer.run_totals()  # a collective: before the ranks part
     write_rank_record(trainer, args.output)
     state.wait_for_everyone()
     if state.is_main_process:
@@ -648,6 +708,9 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             "train_loss": result.training_loss,
             "index_swaps": trainer.refresh.swaps,
             "index_build_failures": len(trainer.refresh.failures),
+            "skipped_batches": totals["num_skipped_batches"],
+            "dropped_examples": totals["num_dropped_examples"],
+            "totals": totals,
             "final": final,
             "log_history": trainer.state.log_history,
         }

@@ -219,7 +219,8 @@ class RealmPretrainingExamples:
         batch.update(
             labels=labels,
             mlm_mask=(labels != -100).long(),
-            candidate_block_ids=torch.tensor(candidates, dtype=torch.long).reshape(len(kept), -1),
+            # Every kept example has exactly K candidates; a fixed width also shapes an all-dropped batch [0, K].
+            candidate_block_ids=torch.tensor(candidates, dtype=torch.long).reshape(len(kept), self.num_candidates),
             block_id=torch.as_tensor(queries["block_id"])[kept],
             uid=[queries["uid"][b] for b in kept],
             index_version=self.index.version,
@@ -307,6 +308,9 @@ class RealmPretrainingModel(nn.Module):
 
         Extra batch keys (`candidate_block_ids`, `uid`, `index_version`, `stats`...) are accepted and ignored.
         """
+        mask = labels != -100 if mlm_mask is None else mlm_mask.bool() & (labels != -100)
+        if not bool(mask.any()):
+            return self._skipped_batch_output()
         batch_size, num_candidates = candidate_input_ids.shape[:2]
         if query_token_type_ids is None:
             query_token_type_ids = torch.zeros_like(query_input_ids)
@@ -320,7 +324,6 @@ class RealmPretrainingModel(nn.Module):
         relevance_score = torch.einsum("bp,bkp->bk", query_emb, candidate_emb)
         candidate_log_prob = relevance_score.float().log_softmax(-1)
 
-        mask = labels != -100 if mlm_mask is None else mlm_mask.bool() & (labels != -100)
         hidden = self.encoder.realm(
             flatten_candidates(joint_input_ids),
             attention_mask=flatten_candidates(joint_attention_mask),
@@ -358,6 +361,20 @@ class RealmPretrainingModel(nn.Module):
             query_emb=query_emb,
             candidate_emb=candidate_emb,
         )
+
+    def _skipped_batch_output(self) -> RealmPretrainingOutput:
+        """The output of a batch with no token to predict (every example dropped: no usable salient span, duplicate
+        uids among its candidates): a zero loss, 0 * the sum of every trainable parameter; the other fields None.
+
+        Why a zero loss rather than skipping the step: under DDP every rank must run the same number of forward and
+        backward passes, since each backward all-reduces the gradients. DDP's reducer all-reduces only after a forward
+        through its wrapper (its gradient hooks are armed there), and, with find_unused_parameters, only the
+        parameters reachable from the outputs are counted as used; this loss is returned by that forward and reaches
+        every trainable parameter, so this rank joins the other ranks' all-reduce with zero gradients. The step is
+        still taken (the schedule advances; AdamW's momentum and weight decay still move the weights), and the
+        Trainer's running loss averages this 0 in."""
+        loss = sum((p.sum().float() for p in self.parameters() if p.requires_grad), torch.zeros(())) * 0.0
+        return RealmPretrainingOutput(loss=loss)
 
     @staticmethod
     @torch.no_grad()

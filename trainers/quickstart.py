@@ -189,15 +189,13 @@ class Stages:
         REALM pre-training and the no-pre-training baseline start from the initial encoder."""
         from transformers import AutoTokenizer
 
-        from openrealm.trainers.ict import load_embedder, parse_config_overrides
-        from openrealm.trainers.pretrain import load_encoder
+        from openrealm.trainers.ict import parse_config_overrides
+        from openrealm.trainers.towers import load_embedder, load_encoder, save_tower
 
         tokenizer = AutoTokenizer.from_pretrained(corpus)
         load = {"encoder": load_encoder, "embedder": load_embedder}[tower]
         model = load("random", tokenizer, parse_config_overrides(self.preset.model), self.seed)
-        model.save_pretrained(self.path(f"initial-{tower}"))
-        tokenizer.save_pretrained(self.path(f"initial-{tower}"))
-        return self.path(f"initial-{tower}")
+        return save_tower(model, self.path(f"initial-{tower}"), tokenizer)
 
     def pretrain(
         self,

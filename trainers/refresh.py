@@ -181,7 +181,7 @@ class IndexRefreshCallback(TrainerCallback):
     process of this machine uses when there is one, else cuda:0 shared with rank 0, else cpu).
     builder_command: (snapshot folder, version) -> argv of the async builder; default `index_builder_command`.
     build_kwargs: extra keyword arguments of `build_index` (sync) / options of the builder (async): index_type,
-    batch_size.
+    batch_size, max_length.
     """
 
     def __init__(
@@ -370,6 +370,8 @@ class IndexRefreshCallback(TrainerCallback):
             command += ["--index-type", str(self.build_kwargs["index_type"])]
         if "batch_size" in self.build_kwargs:
             command += ["--batch-size", str(self.build_kwargs["batch_size"])]
+        if "max_length" in self.build_kwargs:
+            command += ["--max-length", str(self.build_kwargs["max_length"])]
         return command
 
     def start_build(self, embedder: torch.nn.Module, global_step: int) -> None:

@@ -933,16 +933,206 @@ def reload_and_check(name, folder_entry, original, expected, tokenizer):
     }
 
 
+# --- transformers 4.x API behaviours (fixtures/transformers4_api/) ------------------------------------------------
+#
+# What 4.x user code calls beyond the models' numbers: the retriever's call with return_tensors "np" and "pt" (types,
+# values, special_tokens_mask), numpy indexing of retriever.block_records, a folder written by
+# RealmRetriever.save_pretrained (no weights), and what RealmConfig does with fields transformers 5's BERT lacks.
+
+API_FIXTURES = FIXTURES / "transformers4_api"
+API_BLOCKS = [
+    "alan turing was a pioneer of computer science.",
+    "café 中文 in london.",
+    "the nile flows through egypt, the nile is long.",
+    "paris is the capital of france.",
+    "the eiffel tower was built in one year.",
+]
+# Questions use only in-vocabulary words: 4.x decodes and re-encodes the question, which drops [UNK] pieces.
+API_RETRIEVER_CALLS = {
+    "answers_in_two_blocks": {
+        "block_ids": [0, 2, 1],
+        "question": "who is the pioneer in modern computer science?",
+        "answers": ["turing", "nile"],
+        "max_length": 40,
+    },
+    "answer_twice_in_one_block_block_cut_by_max_length": {
+        "block_ids": [2, 3],
+        "question": "which river flows through egypt?",
+        "answers": ["nile"],
+        "max_length": 16,
+    },
+    "answer_nowhere": {
+        "block_ids": [3, 4],
+        "question": "what is the capital of france?",
+        "answers": ["turing"],
+        "max_length": 40,
+    },
+    "no_answer_ids": {"block_ids": [4, 1], "question": "where is paris?", "answers": None, "max_length": 40},
+}
+API_BLOCK_RECORD_KEYS = {
+    "int 1": 1,
+    "int -1": -1,
+    "numpy int64 3": np.int64(3),
+    "numpy array [2, 0, 2]": np.array([2, 0, 2]),
+    "list [1, 2]": [1, 2],
+    "slice 1:3": slice(1, 3),
+    "slice ::-2": slice(None, None, -2),
+    "numpy array [[0, 1], [3, 4]]": np.array([[0, 1], [3, 4]]),
+    "numpy bool mask [T, F, T, F, F]": np.array([True, False, True, False, False]),
+}
+
+
+def describe_value(value):
+    """A JSON description of what 4.x returned: type, numpy dtype/shape, and bytes as UTF-8 text."""
+    if isinstance(value, bytes):
+        return {"type": "bytes", "utf8": value.decode("utf-8")}
+    if isinstance(value, np.ndarray):
+        elements = {type(item).__name__ for item in value.reshape(-1)}
+        return {
+            "type": "numpy.ndarray",
+            "dtype": str(value.dtype),
+            "shape": list(value.shape),
+            "element_types": sorted(elements),
+            "utf8": np.vectorize(lambda item: item.decode("utf-8"), otypes=[object])(value).tolist(),
+        }
+    raise TypeError(f"unexpected block_records value {type(value)}")
+
+
+def describe_concat_inputs(concat):
+    """The retriever's concat_inputs: class, and per key its array type, dtype, shape and values."""
+    return {
+        "class": type(concat).__name__,
+        "keys": sorted(concat.keys()),
+        "fields": {
+            key: {
+                "type": f"{type(value).__module__.split('.')[0]}.{type(value).__name__}",
+                "dtype": str(value.dtype).replace("torch.", ""),
+                "shape": list(value.shape),
+                "values": value.tolist(),
+            }
+            for key, value in sorted(concat.items())
+        },
+    }
+
+
+def retriever_call_cases(retriever):
+    """Call 4.x's RealmRetriever like RealmForOpenQA does, with return_tensors "np" and "pt"; record everything."""
+    tokenizer = retriever.tokenizer
+    cases = {}
+    for case, spec in API_RETRIEVER_CALLS.items():
+        question_ids = tokenizer([spec["question"]], return_tensors="np")["input_ids"]
+        answer_ids = None
+        if spec["answers"] is not None:
+            answer_ids = tokenizer(spec["answers"], add_special_tokens=False).input_ids
+        entry = {**spec, "question_input_ids": question_ids.tolist(), "answer_ids": answer_ids, "returns": {}}
+        for return_tensors in ("np", "pt"):
+            block_ids = np.array(spec["block_ids"]) if return_tensors == "np" else torch.tensor(spec["block_ids"])
+            has_answers, start_pos, end_pos, concat = retriever(
+                block_ids, question_ids, answer_ids, max_length=spec["max_length"], return_tensors=return_tensors
+            )
+            entry["returns"][return_tensors] = {
+                "block_ids_given_as": type(block_ids).__module__.split(".")[0] + "." + type(block_ids).__name__,
+                "has_answers": has_answers,
+                "start_pos": start_pos,
+                "end_pos": end_pos,
+                "label_types": [type(value).__name__ for value in (has_answers, start_pos, end_pos)],
+                "concat_inputs": describe_concat_inputs(concat),
+            }
+        np_fields, pt_fields = (entry["returns"][rt]["concat_inputs"]["fields"] for rt in ("np", "pt"))
+        assert all(np_fields[k]["values"] == pt_fields[k]["values"] for k in np_fields), case
+        cases[case] = entry
+    return cases
+
+
+def relative_position_config_cases(config):
+    """What 4.x does with RealmConfig fields that transformers 5's BertModel does not implement."""
+    results = {}
+    absolute = RealmEmbedder(config).eval()
+    randomize_parameters(absolute, PARAM_SEEDS["embedder"])
+    enc = RealmTokenizer(str(FIXTURES / "vocab.txt"))(["alan turing was a pioneer."], return_tensors="pt")
+    for value in ("relative_key", "relative_key_query"):
+        relative_config = RealmConfig(**{**config.to_dict(), "position_embedding_type": value})
+        torch.manual_seed(0)
+        relative = RealmEmbedder(relative_config).eval()
+        relative.load_state_dict(absolute.state_dict(), strict=False)
+        with torch.no_grad():
+            difference = (relative(**enc).projected_score - absolute(**enc).projected_score).abs().max().item()
+        results[f"position_embedding_type={value}"] = {
+            "config_accepted": True,
+            "config_value": relative_config.position_embedding_type,
+            "saved_in_config_json": relative_config.to_diff_dict().get("position_embedding_type"),
+            "extra_state_dict_keys": sorted(set(relative.state_dict()) - set(absolute.state_dict())),
+            "max_abs_projected_score_change_with_the_absolute_model_weights": difference,
+        }
+    pruned_config = RealmConfig(**{**config.to_dict(), "pruned_heads": {0: [1]}})
+    pruned = RealmEmbedder(pruned_config)
+    results["pruned_heads={0: [1]}"] = {
+        "config_accepted": True,
+        "layer_0_query_weight_shape": list(pruned.realm.encoder.layer[0].attention.self.query.weight.shape),
+        "layer_1_query_weight_shape": list(pruned.realm.encoder.layer[1].attention.self.query.weight.shape),
+    }
+    return results
+
+
+def write_transformers4_api_fixtures(config):
+    """Write fixtures/transformers4_api/: a folder by 4.x's RealmRetriever.save_pretrained and cases.json."""
+    shutil.rmtree(API_FIXTURES, ignore_errors=True)
+    folder = API_FIXTURES / "retriever_save_pretrained"
+    folder.mkdir(parents=True)
+    records = np.array([text.encode("utf-8") for text in API_BLOCKS], dtype=object)
+    fast = RealmTokenizerFast(vocab_file=str(FIXTURES / "vocab.txt"), model_max_length=64)
+    RealmRetriever(records, fast).save_pretrained(str(folder))
+    retriever = RealmRetriever.from_pretrained(str(folder))  # what 4.x user code gets back from that folder
+    assert [bytes(r) for r in retriever.block_records] == list(records)
+    block_records = {
+        key: describe_value(retriever.block_records[index]) for key, index in API_BLOCK_RECORD_KEYS.items()
+    }
+    cases = {
+        "generator": {
+            "script": "tests/reference/make_reference_fixtures.py",
+            "transformers": transformers.__version__,
+        },
+        "retriever_folder": {
+            "path": folder.name,
+            "written_by": "RealmRetriever(np.array(blocks as utf-8 bytes, dtype=object), RealmTokenizerFast)"
+            ".save_pretrained(dir)",
+            "files": sorted(p.name for p in folder.iterdir()),
+            "blocks": API_BLOCKS,
+            "loaded_by_4_57_6": {
+                "tokenizer_class": type(retriever.tokenizer).__name__,
+                "block_records_type": f"numpy.ndarray {retriever.block_records.dtype} {list(retriever.block_records.shape)}",
+                "num_blocks": len(retriever.block_records),
+            },
+        },
+        "block_records_indexing": block_records,
+        "retriever_calls": retriever_call_cases(retriever),
+        "config_fields_transformers5_bert_lacks": relative_position_config_cases(config),
+    }
+    (API_FIXTURES / "cases.json").write_text(json.dumps(cases, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return cases
+
+
 def folder_size(path):
     """Return the total size in bytes of the files under path."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def main():
-    """Generate every fixture, reload every folder, write the manifest and print a summary."""
+    """Generate every fixture, reload every folder, write the manifest and print a summary.
+
+    With `--only transformers4_api`, (re)write only fixtures/transformers4_api/ and leave every other fixture as is.
+    """
     os.environ.setdefault("TRUST_REMOTE_CODE", "True")  # the block_records.npy files read back are our own
     assert transformers.__version__ == "4.57.6", transformers.__version__
     torch.manual_seed(0)
+    if sys.argv[1:] == ["--only", "transformers4_api"]:
+        cases = write_transformers4_api_fixtures(make_config(len(build_vocab())))
+        print(
+            f"wrote {API_FIXTURES} ({folder_size(API_FIXTURES) / 1024:.0f} KiB, {len(cases['retriever_calls'])} calls)"
+        )
+        return
+    if sys.argv[1:]:
+        raise SystemExit(f"usage: {sys.argv[0]} [--only transformers4_api]")
     shutil.rmtree(FIXTURES, ignore_errors=True)
     FIXTURES.mkdir(parents=True)
     vocab = write_vocab(FIXTURES / "vocab.txt")
@@ -1035,6 +1225,7 @@ def main():
         json.dumps(tokenizer_cases(tokenizer, fast), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
     (FIXTURES / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    write_transformers4_api_fixtures(config)
     size = folder_size(FIXTURES)
     assert size < MAX_SIZE_BYTES, f"fixtures too large: {size} bytes"
     print(f"wrote {FIXTURES} ({size / 1024:.0f} KiB, vocab {len(vocab)} tokens)")

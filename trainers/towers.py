@@ -1,0 +1,237 @@
+"""Loading, checking and saving REALM's towers: the one place every command (`train ict`, `train pretrain`, `train
+openqa`, `index build`, the quickstart) gets its models from and writes them to.
+
+The towers are the embedder (RealmEmbedder: the retriever, queries and blocks alike) and the encoder
+(RealmKnowledgeAugEncoder in pre-training; its `realm.*` BERT becomes the reader of RealmForOpenQA). A command takes
+each as
+- "random": a fresh model sized by config overrides, with the tokenizer's vocabulary;
+- a BERT checkpoint (`bert.*` keys of BertForMaskedLM / BertForPreTraining, or the bare keys of a BertModel such as a
+  sentence-transformers folder): its encoder loads under `realm.`, REALM's heads start fresh;
+- a REALM checkpoint: the tower itself, or the tower inside a RealmScorer / RealmForOpenQA folder.
+A checkpoint lacking backbone weights stops the load with MissingWeightsError (folder, missing and found key prefixes):
+nothing here trains on random weights by accident. Saved towers are in REALM's key layout and reload bit-exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, set_seed
+from transformers.utils import logging
+
+from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
+from openrealm.modeling_realm import BERT_CONFIG_FIELDS, expected_load_changes, move_into
+
+logger = logging.get_logger(__name__)
+
+# The tower inside a multi-tower REALM checkpoint: {architecture: the prefix of its weights}.
+EMBEDDER_INSIDE = {"RealmScorer": "embedder.", "RealmForOpenQA": "embedder.", "IctModel": "embedder."}
+ENCODER_INSIDE = {"RealmForOpenQA": "reader."}
+# Fields of the towers' configs that must agree: RealmForOpenQA holds one config for its embedder and reader.
+ARCHITECTURE_FIELDS = tuple(name for name in BERT_CONFIG_FIELDS if not name.endswith("dropout_prob"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _looks_like_path(name: str) -> bool:
+    """A Hub id is 'name' or 'owner/name'; anything else that is not a folder is a missing local path."""
+    return os.path.isabs(name) or name.startswith((".", "~", "/")) or name.count("/") > 1 or "\\" in name
+
+
+def _checkpoint_config(source: str, flag: str):
+    """The config of a checkpoint folder or Hub id, with errors naming the flag and the folder."""
+    if not os.path.isdir(source) and _looks_like_path(source):
+        raise FileNotFoundError(f"{flag} {source}: no such folder")
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise FileNotFoundError(f"{flag} {source}: cannot read a model config ({error})") from error
+
+
+def _random_config(tokenizer, config_overrides: dict) -> RealmConfig:
+    if tokenizer is None:
+        raise ValueError("a random tower needs the tokenizer (its vocabulary size and padding id)")
+    overrides = dict(config_overrides)
+    overrides.setdefault("vocab_size", len(tokenizer))
+    overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
+    return RealmConfig(**overrides)
+
+
+def _load_inner(cls, source: str, prefix: str, **kwargs):
+    """Only the weights under `prefix` of a multi-tower checkpoint; the other towers' keys are expected leftovers."""
+    inner = f"^{prefix.replace('.', chr(92) + '.')}"
+    with expected_load_changes(unused=(r"^(?!realm\.|cls\.)",)):
+        return cls.from_pretrained(source, key_mapping={inner: ""}, **kwargs)
+
+
+def load_embedder(
+    source: str | os.PathLike,
+    tokenizer=None,
+    config_overrides: dict | None = None,
+    seed: int = 0,
+    flag: str = "--embedder",
+    **kwargs,
+) -> RealmEmbedder:
+    """A RealmEmbedder from "random", a BERT checkpoint, a RealmEmbedder, or the `embedder` of a RealmScorer /
+    RealmForOpenQA folder (an ORQA-fine-tuned one was tuned for questions while its blocks stayed frozen) or of an
+    ICT checkpoint (OUTPUT/checkpoint-N of `openrealm train ict`).
+    config_overrides: RealmConfig fields (sizes of a random model; e.g. retriever_proj_size of a new head); seed: the
+    new heads' (and a random model's) initialisation; flag: how the command names this input in errors; kwargs go to
+    from_pretrained."""
+    overrides = dict(config_overrides or {})
+    set_seed(seed)
+    source = os.fspath(source)
+    if source == "random":
+        return RealmEmbedder(_random_config(tokenizer, overrides))
+    config = _checkpoint_config(source, flag)
+    kwargs.setdefault("attn_implementation", "sdpa")
+    if config.model_type == "bert":
+        return RealmEmbedder.from_bert_pretrained(source, **overrides, **kwargs)
+    if config.model_type != "realm":
+        raise ValueError(f"{flag} {source} is a {config.model_type!r} checkpoint; it takes REALM or BERT checkpoints")
+    architecture = (config.architectures or ["RealmEmbedder"])[0]
+    if architecture == "RealmEmbedder":
+        return RealmEmbedder.from_pretrained(source, **overrides, **kwargs)
+    if architecture not in EMBEDDER_INSIDE:
+        raise ValueError(f"{flag} {source} holds a {architecture}, which has no block embedder")
+    return _load_inner(RealmEmbedder, source, EMBEDDER_INSIDE[architecture], **overrides, **kwargs)
+
+
+def load_encoder(
+    source: str | os.PathLike,
+    tokenizer=None,
+    config_overrides: dict | None = None,
+    seed: int = 0,
+    flag: str = "--encoder",
+    **kwargs,
+) -> RealmKnowledgeAugEncoder:
+    """A RealmKnowledgeAugEncoder from "random", a BERT checkpoint (its MLM head loaded when it has one), a REALM
+    checkpoint whose `realm.*` is the encoder (RealmKnowledgeAugEncoder, RealmReader), or the reader of a
+    RealmForOpenQA folder. Arguments as load_embedder."""
+    overrides = dict(config_overrides or {})
+    set_seed(seed)
+    source = os.fspath(source)
+    if source == "random":
+        return RealmKnowledgeAugEncoder(_random_config(tokenizer, overrides))
+    config = _checkpoint_config(source, flag)
+    if config.model_type == "bert":
+        return RealmKnowledgeAugEncoder.from_bert_pretrained(source, **overrides, **kwargs)
+    if config.model_type != "realm":
+        raise ValueError(f"{flag} {source} is a {config.model_type!r} checkpoint; it takes REALM or BERT checkpoints")
+    architecture = (config.architectures or ["RealmKnowledgeAugEncoder"])[0]
+    if architecture in ENCODER_INSIDE:
+        return _load_inner(RealmKnowledgeAugEncoder, source, ENCODER_INSIDE[architecture], **kwargs)
+    if architecture == "RealmScorer":
+        raise ValueError(f"{flag} {source} holds a RealmScorer (the retriever): give it as the embedder")
+    # A reader's or an embedder's `realm.*` is the same BERT; heads it lacks (the MLM head) start fresh.
+    with expected_load_changes(new=(r"^cls\.",), unused=(r"^(cls|qa_outputs)\.",)):
+        return RealmKnowledgeAugEncoder.from_pretrained(source, **overrides, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checking
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_tokenizer(model: torch.nn.Module, tokenizer, source: str, flag: str) -> None:
+    """The model embeds every id of the tokenizer, and a checkpoint that ships its own tokenizer ships the same
+    vocabulary (else the corpus ids would mean other words)."""
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(
+            f"the corpus tokenizer has {len(tokenizer)} tokens but {flag} {source} embeds only "
+            f"{model.config.vocab_size}: build the corpus with the model's tokenizer (openrealm corpus build "
+            f"--tokenizer {source})"
+        )
+    if source != "random" and any(os.path.isfile(os.path.join(source, f)) for f in ("tokenizer.json", "vocab.txt")):
+        from transformers import AutoTokenizer
+
+        if AutoTokenizer.from_pretrained(source).get_vocab() != tokenizer.get_vocab():
+            raise ValueError(
+                f"{flag} {source}'s vocabulary differs from the corpus tokenizer's: the corpus token ids would mean "
+                f"other words. Build the corpus with this model's tokenizer (openrealm corpus build --tokenizer "
+                f"{source}), or pass --tokenizer."
+            )
+
+
+def fit_length(model: torch.nn.Module, length: int, name: str, setting: str, explicit: bool = False) -> int:
+    """The sequence length to feed `model` (named `name` in messages): `length` when it reads that many positions;
+    else, for a default length, the model's maximum with a log line; for one the user chose (explicit), an error naming
+    the flag (`setting`) to change. A longer sequence would fail later, deep inside the model."""
+    limit = model.config.max_position_embeddings
+    if length <= limit:
+        return length
+    if explicit:
+        raise ValueError(
+            f"{name} reads at most {limit} positions but {setting} {length} was asked for: pass {setting} {limit}"
+        )
+    logger.warning(f"{setting} lowered from {length} to {limit}: {name} reads at most {limit} positions")
+    return limit
+
+
+def check_same_architecture(embedder: torch.nn.Module, encoder: torch.nn.Module) -> None:
+    """RealmForOpenQA has one config for both encoders: their BERT architectures must agree."""
+    differences = [
+        f"{name}: embedder {getattr(embedder.config, name, None)} vs encoder {getattr(encoder.config, name, None)}"
+        for name in ARCHITECTURE_FIELDS
+        if getattr(embedder.config, name, None) != getattr(encoder.config, name, None)
+    ]
+    if differences:
+        raise ValueError(
+            "The embedder and the encoder must share one BERT architecture for RealmForOpenQA; they differ in "
+            + "; ".join(differences)
+        )
+
+
+def check_corpus_ids(blocks, model: torch.nn.Module, corpus_dir: str | os.PathLike, name: str) -> None:
+    """Every wordpiece id of the corpus blocks is a row of the model's embedding table (the same vocabulary)."""
+    import pyarrow.compute as pc
+
+    table = blocks.data.table if hasattr(blocks, "data") else blocks
+    largest = max(
+        (pc.max(pc.list_flatten(table.column(column))).as_py() or 0) for column in ("title_ids", "token_ids")
+    )
+    if largest >= model.config.vocab_size:
+        raise ValueError(
+            f"corpus {corpus_dir} holds wordpiece id {largest} but {name} has a vocabulary of "
+            f"{model.config.vocab_size}: the corpus was tokenized with another vocabulary"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Saving
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def scorer_from_embedder(embedder: RealmEmbedder) -> RealmScorer:
+    """A RealmScorer (shared query / document tower) holding the embedder's weights."""
+    scorer = RealmScorer(embedder.config)
+    scorer.embedder.load_state_dict(embedder.state_dict())
+    return scorer
+
+
+def save_tower(
+    model: torch.nn.Module, folder: str | os.PathLike, tokenizer=None, files: dict[str, str] | None = None
+) -> Path:
+    """Write the model (REALM's key layout), the tokenizer and `files` ({name: text}, e.g. a summary JSON or a model
+    card) into folder. Each entry replaces its namesake by rename, so a reader never sees a half-written folder;
+    entries beside them (checkpoint-* folders, an index) are kept."""
+    folder = Path(folder).absolute()
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{folder.name}-saving-", dir=folder.parent)
+    try:
+        model.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        for name, text in (files or {}).items():
+            Path(staging, name).write_text(text, encoding="utf-8")
+        move_into(staging, str(folder))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
