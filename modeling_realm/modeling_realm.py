@@ -11,6 +11,7 @@ S = blocks retrieved per question, R = blocks read per question (R <= S), V = vo
 
 import contextlib
 import contextvars
+import logging as stdlib_logging
 import os
 import re
 import shutil
@@ -273,15 +274,35 @@ def check_backbone_loaded(source, missing: Iterable[str], found: Iterable[str]) 
         )
 
 
+class _ExpectedNewTieFilter(stdlib_logging.Filter):
+    """Drops transformers' "This checkpoint seem corrupted ... tie X to Y, but both are absent" when X and Y are both
+    heads expected to start fresh (a BERT without an MLM head): nothing is corrupted, the tie is made."""
+
+    def __init__(self, new: Iterable[str]):
+        super().__init__()
+        self.new = re.compile("|".join(new))
+
+    def filter(self, record: stdlib_logging.LogRecord) -> bool:
+        message = record.getMessage()
+        tied = re.search(r"tie (\S+) to (\S+), but both are absent", message)
+        return tied is None or not all(self.new.search(name) for name in tied.groups())
+
+
 @contextlib.contextmanager
 def expected_load_changes(new: Iterable[str] = (), unused: Iterable[str] = ()) -> Iterator[None]:
     """While in this block, loads leave out of transformers' load report the model keys matching a regex of `new`
     (heads the caller creates) and the checkpoint keys matching one of `unused` (heads of another task); every other
     missing or unexpected key is still reported."""
     token = _EXPECTED_LOAD_CHANGES.set((tuple(new), tuple(unused)))
+    tie_logger = stdlib_logging.getLogger("transformers.modeling_utils")
+    tie_filter = _ExpectedNewTieFilter(new) if new else None
+    if tie_filter is not None:
+        tie_logger.addFilter(tie_filter)
     try:
         yield
     finally:
+        if tie_filter is not None:
+            tie_logger.removeFilter(tie_filter)
         _EXPECTED_LOAD_CHANGES.reset(token)
 
 

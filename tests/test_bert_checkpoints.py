@@ -73,11 +73,13 @@ def test_the_bert_mlm_head_becomes_the_knowledge_augmented_encoders(tmp_path):
     assert torch.equal(encoder.cls.predictions.transform.dense.weight, head)
 
 
-def test_starting_from_bert_prints_no_load_report_for_the_new_heads(tmp_path, caplog):
-    bert_checkpoint(tmp_path / "bert", "pretraining")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("model_class", CLASSES, ids=lambda cls: cls.__name__)
+def test_starting_from_bert_prints_no_load_report_for_the_new_heads(model_class, layout, tmp_path, caplog):
+    bert_checkpoint(tmp_path / "bert", layout)
     with caplog.at_level(logging.WARNING):
-        RealmEmbedder.from_bert_pretrained(tmp_path / "bert")
-    assert "LOAD REPORT" not in caplog.text
+        model_class.from_bert_pretrained(tmp_path / "bert")
+    assert "LOAD REPORT" not in caplog.text and "corrupted" not in caplog.text
 
 
 def test_a_bert_key_that_nothing_expects_stays_in_the_load_report(tmp_path, caplog):
