@@ -7,16 +7,43 @@ memory-mapped `block_records.safetensors` (read without unpickling), `block_emb`
 folder gains the tokenizer files and the Hub custom code.
 """
 
+import json
 import os
 
 from transformers import AutoTokenizer
 
 from .configuration_realm import RealmConfig
-from .file_utils import atomic_directory
+from .file_utils import atomic_directory, check_replaceable, path_within
 from .index_realm import RealmBlockIndex
 from .modeling_realm import REALM_MODEL_CLASSES
 
 MODEL_CLASSES = {cls.__name__: cls for cls in REALM_MODEL_CLASSES}
+# A folder `convert_legacy_folder` wrote: config.json of model_type "realm" beside safetensors weights (and the custom
+# code). Only such a folder, or an empty one, is replaced with overwrite=True.
+CONVERTED_WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json")
+CONVERTED_CODE_NAME = "modeling_realm.py"
+
+
+def converted_folder_problem(folder: str | os.PathLike) -> str | None:
+    """None when `folder` is a REALM folder as convert_legacy_folder writes it (config.json with model_type "realm",
+    safetensors weights and the custom code modeling_realm.py), else what it lacks."""
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        return "it is not a folder."
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type != "realm":
+        return 'it is not a converted REALM folder (no config.json with model_type "realm"); remove it yourself.'
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in CONVERTED_WEIGHT_NAMES):
+        return (
+            f"it holds no {' or '.join(CONVERTED_WEIGHT_NAMES)}, so it is not a converted folder; remove it yourself."
+        )
+    if not os.path.isfile(os.path.join(folder, CONVERTED_CODE_NAME)):
+        return f"it holds no {CONVERTED_CODE_NAME}, so it is not a converted folder; remove it yourself."
+    return None
 
 
 def convert_legacy_folder(
@@ -30,8 +57,18 @@ def convert_legacy_folder(
 
     The model class comes from config.architectures. For an open-QA folder, `index_type` / `index_params` choose
     the MIPS index built over the legacy block embeddings (default: exact, as the 4.x port searched). An existing
-    destination is refused unless `overwrite`, in which case it is replaced only once the new folder is complete.
+    destination is refused unless `overwrite`, in which case it is replaced only once the new folder is complete, and
+    only when it is empty or a folder this function converted earlier (see `converted_folder_problem`); a destination
+    that is, holds or lies inside a local source, or holds the working directory, is refused.
     """
+    if os.path.exists(os.fspath(source)):
+        if path_within(source, destination) or path_within(destination, source):
+            relation = "is" if os.path.realpath(source) == os.path.realpath(destination) else "overlaps"
+            raise ValueError(
+                f"The destination {os.path.abspath(destination)} {relation} the source {os.path.abspath(source)}: "
+                "convert into a separate folder (the source is never replaced or written into)."
+            )
+    check_replaceable(destination, overwrite, converted_folder_problem)  # before the (possibly long) load
     config = RealmConfig.from_pretrained(source)
     architecture = next((name for name in (config.architectures or []) if name in MODEL_CLASSES), None)
     if architecture is None:
@@ -43,11 +80,11 @@ def convert_legacy_folder(
     if retriever is not None and index_type != "exact":
         retriever.swap_index(RealmBlockIndex.build(retriever.index.block_emb, index_type=index_type, **index_params))
 
-    with atomic_directory(destination, overwrite=overwrite) as staging:
+    with atomic_directory(destination, overwrite=overwrite, replaceable=converted_folder_problem) as staging:
         model.save_pretrained(staging)
         if retriever is None:
             AutoTokenizer.from_pretrained(source).save_pretrained(staging)
     return os.path.abspath(os.fspath(destination))
 
 
-__all__ = ["convert_legacy_folder"]
+__all__ = ["convert_legacy_folder", "converted_folder_problem"]

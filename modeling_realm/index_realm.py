@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from .file_utils import apply_umask_modes
+
 try:
     import faiss
 except ImportError:  # exact search must keep working with only torch installed
@@ -326,6 +328,7 @@ class RealmBlockIndex:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             self._write_files(tmp)
+            apply_umask_modes(tmp)  # mkdtemp's 0700: a shared index must be readable as any file the user writes
             _replace_directory(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -366,6 +369,7 @@ class RealmBlockIndex:
                 f"{emb_path} holds {block_emb.shape[0]} x {block_emb.shape[1]} embeddings but {config_path} says "
                 f"num_blocks={config['num_blocks']}, dim={config['dim']}"
             )
+        _check_finite_once(block_emb, emb_path)
         faiss_index = None
         if config["index_type"] != "exact":
             faiss_index = _read_faiss(directory / FAISS_INDEX_NAME, config["index_type"], block_emb.shape)
@@ -387,12 +391,32 @@ _CONFIG_KEYS = {
 }
 
 
-def _check_finite(block_emb: torch.Tensor, chunk_size: int = 2**20) -> None:
-    for start in range(0, block_emb.shape[0], chunk_size):  # chunked: isfinite on 13M x 128 would need 1.7 GB
-        bad = ~torch.isfinite(block_emb[start : start + chunk_size]).all(dim=1)
+def _check_finite(block_emb: torch.Tensor, chunk_size: int = 2**20, source: str = "block_emb") -> None:
+    """Refuse embeddings with a NaN or inf, or a row so large that its squared norm overflows float32 (a score against
+    any query could then be inf, and one NaN row turns every answer's score into NaN). Chunked: an isfinite over
+    13M x 128 at once would need 1.7 GB."""
+    for start in range(0, block_emb.shape[0], chunk_size):
+        chunk = block_emb[start : start + chunk_size].float()
+        bad = ~torch.isfinite(chunk).all(dim=1) | ~torch.isfinite(chunk.square().sum(dim=1))
         if bad.any():
             row = start + int(bad.nonzero()[0, 0])
-            raise ValueError(f"block_emb contains NaN or inf values (first at row {row})")
+            raise ValueError(
+                f"{source} contains NaN, inf or overflowing values (first at row {row}: {block_emb[row][:4].tolist()}"
+                " ...); the index would score every block NaN. Rebuild it (openrealm index build)."
+            )
+
+
+# Files whose embeddings were found finite in this process: (path, size, mtime_ns, inode). A memory-mapped index is
+# read through once per process and file version, not at every load (the refresh loads each version once anyway).
+_FINITE_CHECKED: set[tuple[str, int, int, int]] = set()
+
+
+def _check_finite_once(block_emb: torch.Tensor, path: Path) -> None:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _FINITE_CHECKED:
+        _check_finite(block_emb, source=str(path))
+        _FINITE_CHECKED.add(key)
 
 
 def _resolve_params(index_type: str, num_blocks: int, dim: int, params: dict) -> dict:
@@ -526,10 +550,42 @@ def _mmap_safetensors(path: Path) -> tuple[torch.Tensor, np.memmap]:
     return torch.from_numpy(mmap).view(torch_dtype), mmap
 
 
+# Least bytes a faiss index of each type stores per vector: float32 vectors (flat storage), or a code of >= 1 byte
+# (PQ; IVF lists add an 8-byte id per vector).
+_MIN_BYTES_PER_VECTOR = {
+    "flat": lambda d: 4 * d,
+    "hnsw": lambda d: 4 * d,
+    "ivf": lambda d: 4 * d + 8,
+    "ivfpq": lambda d: 1 + 8,
+    "pq": lambda d: 1,
+}
+
+
+def _check_faiss_header(path: Path, index_type: str, shape: torch.Size) -> None:
+    """Compare what the file's header claims with the index config and the file's size before faiss reads it: faiss
+    allocates what a header claims (a 45-byte file claiming 3 << 28 vectors makes it allocate 3 GiB, a larger claim
+    ends in a bare bad_alloc). Every faiss index starts with fourcc (4 bytes), d (int32) and ntotal (int64)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header = f.read(16)
+    if len(header) < 16:
+        raise ValueError(f"{path} is not a faiss index (only {size} bytes)")
+    d, ntotal = struct.unpack("<i", header[4:8])[0], struct.unpack("<q", header[8:16])[0]
+    if (ntotal, d) != tuple(shape):
+        raise ValueError(
+            f"{path}'s header claims {ntotal} x {d} vectors but the block embeddings are {shape[0]} x {shape[1]}: "
+            "the file is corrupted or belongs to another index"
+        )
+    least = shape[0] * _MIN_BYTES_PER_VECTOR[index_type](shape[1])
+    if size < least:
+        raise ValueError(f"{path} is truncated: {size} bytes cannot hold {shape[0]} {index_type} vectors ({least}+)")
+
+
 def _read_faiss(path: Path, index_type: str, shape: torch.Size):
     _require_faiss(index_type)
     if not path.is_file():
         raise FileNotFoundError(f"missing faiss index {path} (needed by index type '{index_type}')")
+    _check_faiss_header(path, index_type, shape)
     try:
         index = faiss.read_index(str(path))
     except RuntimeError as error:

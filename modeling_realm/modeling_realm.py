@@ -34,6 +34,7 @@ from transformers.models.bert.modeling_bert import (
 from transformers.utils import ModelOutput, logging
 
 from .configuration_realm import RealmConfig
+from .file_utils import apply_umask_modes
 from .index_realm import RealmBlockIndex
 from .retrieval_realm import RealmRetriever, load_legacy_block_emb, normalize_answer_ids
 
@@ -236,8 +237,8 @@ BERT_START_NEW_KEYS = (r"^(?!realm\.)", r"^realm\.pooler\.")
 BERT_HEAD_KEYS = (r"^cls\.",)
 
 
-# The checkpoint a from_pretrained in progress must hold the backbone of (None: no check).
-_BACKBONE_CHECK: contextvars.ContextVar[str | None] = contextvars.ContextVar("backbone_check", default=None)
+# The checkpoint a from_pretrained in progress reads, and whether it must hold the backbone (None: not loading).
+_LOADING: contextvars.ContextVar[tuple[str, bool] | None] = contextvars.ContextVar("loading", default=None)
 
 
 class MissingWeightsError(ValueError):
@@ -286,6 +287,13 @@ class _ExpectedNewTieFilter(stdlib_logging.Filter):
         message = record.getMessage()
         tied = re.search(r"tie (\S+) to (\S+), but both are absent", message)
         return tied is None or not all(self.new.search(name) for name in tied.groups())
+
+
+def check_finite_weights(model: nn.Module, source) -> None:
+    """Refuse weights holding NaN or inf (a corrupted or crafted file would otherwise load and answer NaN)."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{os.fspath(source)}: the weight {name} holds NaN or inf values; the file is corrupted.")
 
 
 @contextlib.contextmanager
@@ -364,7 +372,7 @@ class RealmPreTrainedModel(PreTrainedModel):
         (MissingWeightsError naming the folder, the missing and the found key prefixes) unless allow_missing_backbone,
         and with errors that name the problem and the folder for weights that contradict the config and for corrupted
         weight files."""
-        token = _BACKBONE_CHECK.set(None if allow_missing_backbone else os.fspath(pretrained_model_name_or_path))
+        token = _LOADING.set((os.fspath(pretrained_model_name_or_path), not allow_missing_backbone))
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         except MissingWeightsError:
@@ -391,11 +399,11 @@ class RealmPreTrainedModel(PreTrainedModel):
                 ) from error
             raise
         finally:
-            _BACKBONE_CHECK.reset(token)
+            _LOADING.reset(token)
 
     def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
         """transformers' filtering of the load report, less the keys an `expected_load_changes` block expects; then,
-        before the report is printed, the backbone check of from_pretrained."""
+        before the report is printed, the checks of from_pretrained: finite weights, and the backbone."""
         super()._adjust_missing_and_unexpected_keys(loading_info)
         new, unused = _EXPECTED_LOAD_CHANGES.get()
         if new:
@@ -404,8 +412,12 @@ class RealmPreTrainedModel(PreTrainedModel):
         if unused:
             expected = re.compile("|".join(unused))
             loading_info.unexpected_keys = {key for key in loading_info.unexpected_keys if not expected.search(key)}
-        source = _BACKBONE_CHECK.get()
-        if source is not None:
+        loading = _LOADING.get()
+        if loading is None:
+            return
+        source, check_backbone = loading
+        check_finite_weights(self, source)
+        if check_backbone:
             missing = set(loading_info.missing_keys)
             found = (set(self.state_dict()) - missing) | set(loading_info.unexpected_keys)
             try:
@@ -431,6 +443,7 @@ class RealmPreTrainedModel(PreTrainedModel):
         try:
             super().save_pretrained(staging, *args, **kwargs)
             self.save_extra_files(staging)
+            apply_umask_modes(staging)  # mkdtemp's 0700 and the 0600 of safetensors' writer would make it private
             move_into(staging, save_directory)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

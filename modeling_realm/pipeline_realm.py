@@ -9,6 +9,8 @@
 read; answers are cut from the original text (original casing) through the tokenizer's offsets.
 """
 
+import numbers
+
 import torch
 from transformers import Pipeline
 from transformers.utils import logging
@@ -16,6 +18,30 @@ from transformers.utils import logging
 from .modeling_realm import span_candidates
 
 logger = logging.get_logger(__name__)
+
+
+def positive_integer(name: str, value, meaning: str) -> int:
+    """value as an int, or a ValueError naming the argument and its range (integers from 1; bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} ({meaning}) must be an integer of at least 1, got {value!r}.")
+    return int(value)
+
+
+def question_text(number: int, question) -> str:
+    """Question `number` as a non-empty str (bytes decoded as UTF-8), or a ValueError saying what is wrong."""
+    if isinstance(question, (bytes, bytearray)):
+        try:
+            question = bytes(question).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"question {number} is bytes that are not valid UTF-8 ({error.reason} at byte {error.start}): pass "
+                "a str, or bytes encoded as UTF-8."
+            ) from None
+    if not isinstance(question, str):
+        raise ValueError(f"question {number} must be a str (or UTF-8 bytes), got {type(question).__name__}.")
+    if not question.strip():
+        raise ValueError(f"question {number} is empty or whitespace ({question!r}): give a non-empty string.")
+    return question
 
 
 class RealmQuestionAnsweringPipeline(Pipeline):
@@ -29,28 +55,40 @@ class RealmQuestionAnsweringPipeline(Pipeline):
     def _sanitize_parameters(self, top_k=None, context=None, num_blocks=None, max_question_length=None, **kwargs):
         forward_params = {}
         if top_k is not None:
-            if top_k < 1:
-                raise ValueError(f"top_k must be at least 1, got {top_k}")
-            forward_params["top_k"] = top_k
+            forward_params["top_k"] = positive_integer("top_k", top_k, "answers returned per question")
         if num_blocks is not None:
-            forward_params["num_blocks"] = num_blocks
+            forward_params["num_blocks"] = positive_integer("num_blocks", num_blocks, "retrieved blocks read")
         preprocess_params = {"context": context} if context is not None else {}
         if max_question_length is not None:
-            preprocess_params["max_question_length"] = max_question_length
+            preprocess_params["max_question_length"] = self._check_max_question_length(max_question_length)
         return preprocess_params, forward_params, {}
 
+    def _check_max_question_length(self, value) -> int:
+        """max_question_length counts the question's wordpieces with [CLS] and [SEP]: at least 3 (one question
+        wordpiece), at most reader_seq_len - 2 (room for one block wordpiece and the closing [SEP])."""
+        reader_seq_len = self.model.config.reader_seq_len
+        low, high = 3, reader_seq_len - 2
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+            raise ValueError(
+                f"max_question_length must be an integer from {low} to {high} (the reader input holds "
+                f"config.reader_seq_len={reader_seq_len} wordpieces: [CLS] question [SEP] block [SEP]), got {value!r}."
+            )
+        return int(value)
+
     def __call__(self, question: str | list[str] | None = None, context: str | None = None, **kwargs):
-        """Answer one question (-> dict, or a list of top_k dicts) or a list of questions (-> a list of those)."""
+        """Answer one question (-> dict, or a list of top_k dicts) or a list of questions (-> a list of those).
+        A question given as bytes is read as UTF-8."""
         if question is None:
             question = kwargs.pop("inputs", None) or kwargs.pop("question", None)
-        single = isinstance(question, str)
+        single = isinstance(question, (str, bytes, bytearray))
         questions = [question] if single else list(question or [])
         if not questions:
             raise ValueError("The question-answering pipeline needs a question (a non-empty string or list of them).")
-        for number, text in enumerate(questions):
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"Question {number} is empty or whitespace: {text!r}.")
-        batch_size = kwargs.pop("batch_size", None) or self._batch_size or 8
+        questions = [question_text(number, text) for number, text in enumerate(questions)]
+        batch_size = kwargs.pop("batch_size", None)
+        if batch_size is None:
+            batch_size = self._batch_size if self._batch_size is not None else 8
+        batch_size = positive_integer("batch_size", batch_size, "questions per forward pass")
         preprocess_params, forward_params, _ = self._sanitize_parameters(context=context, **kwargs)
         top_k = forward_params.get("top_k", 1)
         results = []

@@ -9,6 +9,7 @@ the block embeddings as the `block_emb` weight of the model checkpoint; both are
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from .block_records import (
     index_block_bytes,
     legacy_block_records_count,
 )
+from .file_utils import apply_umask_modes
 from .index_realm import RealmBlockIndex
 
 logger = logging.get_logger(__name__)
@@ -44,6 +46,15 @@ TOKENIZER_PATTERNS = ["vocab.txt", "tokenizer.json", "tokenizer_config.json", "s
 def legacy_cache_dir() -> str:
     """Where converted legacy block records are kept (OPENREALM_CACHE, default ~/.cache/openrealm)."""
     return os.environ.get("OPENREALM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "openrealm"))
+
+
+def unwritable_cache_error(folder: str, error: OSError) -> PermissionError:
+    """The error for a legacy cache folder that cannot be created or written, naming it and OPENREALM_CACHE."""
+    return PermissionError(
+        f"Cannot write the OpenREALM cache folder {folder} ({error.strerror or error}): loading a legacy 4.x folder "
+        "converts its block_records.npy once into this cache. Set OPENREALM_CACHE to a writable folder "
+        "(e.g. OPENREALM_CACHE=/tmp/openrealm-cache)."
+    )
 
 
 class SequenceBlockRecords:
@@ -557,7 +568,9 @@ class RealmRetriever:
         elif os.path.abspath(source) != os.path.abspath(target):
             link_or_copy(source, target)
         if self._index is not None:
-            self._index.save_pretrained(os.path.join(save_directory, BLOCK_INDEX_DIR))
+            index_directory = os.path.join(save_directory, BLOCK_INDEX_DIR)
+            self._index.save_pretrained(index_directory)
+            apply_umask_modes(index_directory)  # written through a mkdtemp staging folder: private otherwise
         self.tokenizer.save_pretrained(save_directory)
 
     def iter_records(self, batch_size: int = 4096):
@@ -623,16 +636,27 @@ def open_legacy_block_records(npy_path: str) -> BlockRecords:
     cached = os.path.join(entry, BLOCK_RECORDS_NAME)
     if os.path.isfile(cached):
         return BlockRecords.open(cached)
-    logger.info(f"Converting legacy {npy_path} to {cached} (once; no pickle is executed).")
+    logger.info(
+        f"Converting legacy {npy_path} to {cached} (once; no pickle is executed; OPENREALM_CACHE sets the cache folder)."
+    )
     created = []  # cache folders this call creates, outermost first, removed again if the conversion fails
     folder = os.path.abspath(parent)
     while not os.path.isdir(folder):
         created.insert(0, folder)
         folder = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=parent)
+    except OSError as error:
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        if isinstance(error, PermissionError) or error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise unwritable_cache_error(parent, error) from error
+        raise
     try:
         convert_legacy_block_records(npy_path, os.path.join(staging, BLOCK_RECORDS_NAME))
+        apply_umask_modes(staging)  # a shared OPENREALM_CACHE stays usable by the group mkdtemp would shut out
         try:
             os.rename(staging, entry)
         except OSError:

@@ -218,3 +218,15 @@ def test_a_command_given_a_checkpoint_without_bert_weights_stops_naming_it(comma
     error = capsys.readouterr().err
     assert f"openrealm: error: {bad} lacks the backbone weights" in error and "holds ['bert.embeddings'" in error
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_weights_holding_nan_are_refused_on_load_naming_the_tensor(tmp_path):
+    from conftest import tiny_realm_config
+
+    model = RealmEmbedder(tiny_realm_config())
+    state = dict(model.state_dict())
+    state["cls.dense.weight"] = state["cls.dense.weight"].clone()
+    state["cls.dense.weight"][0, 0] = float("nan")
+    model.save_pretrained(tmp_path / "nan", state_dict=state)
+    with pytest.raises(ValueError, match="the weight cls.dense.weight holds NaN or inf values"):
+        RealmEmbedder.from_pretrained(tmp_path / "nan")

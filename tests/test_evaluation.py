@@ -193,7 +193,10 @@ def test_common_answer_layouts_are_mapped(tmp_path):
         ('{"question": "q", "answers": ["a"]}\n{"answers": ["b"]}\n', r"line 2: missing or empty 'question'"),
         ('{"question": "q", "text": "no answers"}\n', r"line 1: no answers"),
         ('{"question": "q", "answers": []}\n', r"line 1: the answer list is empty"),
-        ('{"question": "q", "answers": ["a"]}\n{"question": \n', r"line 2: not valid JSON"),
+        (
+            '{"question": "q", "answers": ["a"]}\n{"question": \n',
+            r"line 2: invalid JSON: Expecting value \(column 1\)",
+        ),
         ("\n\n", r"holds no questions"),
     ],
 )

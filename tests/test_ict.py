@@ -363,8 +363,9 @@ def test_train_ict_saves_a_loadable_embedder_and_resumes(world_corpus, tmp_path,
     assert "eval_accuracy" in capsys.readouterr().out
     assert pushed == [("model", "me/ict"), ("tokenizer", "me/ict")]
 
-    with pytest.raises(FileExistsError, match="not empty"):
-        main([*train_args(world_corpus, output, "--max-steps", "4", *extra)])
+    capsys.readouterr()
+    assert main([*train_args(world_corpus, output, "--max-steps", "4", *extra)]) == 2  # bad input: exit 2
+    assert f"openrealm: error: output folder {output} is not empty" in capsys.readouterr().err
     assert main([*train_args(world_corpus, output, "--max-steps", "4", *extra, "--resume-from-checkpoint")]) == 0
     state = json.loads((output / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4 and state["log_history"][0]["step"] == 2  # the first run's evaluation

@@ -1,6 +1,7 @@
 """Tests for openrealm.index_realm: exact and faiss MIPS, persistence, validation."""
 
 import json
+import struct
 import sys
 
 import numpy as np
@@ -233,7 +234,7 @@ def test_error_faiss_index_size_differs_from_embeddings(data, indexes, tmp_path)
     indexes["flat"].save_pretrained(tmp_path / "index")
     smaller = RealmBlockIndex.build(data[0][:100], "flat")
     index_realm.faiss.write_index(smaller.faiss_index, str(tmp_path / "index" / FAISS_INDEX_NAME))
-    with pytest.raises(ValueError, match=f"{FAISS_INDEX_NAME} holds 100 x {DIM} vectors"):
+    with pytest.raises(ValueError, match=f"{FAISS_INDEX_NAME}'s header claims 100 x {DIM} vectors"):
         RealmBlockIndex.from_pretrained(tmp_path / "index")
 
 
@@ -270,10 +271,37 @@ def test_error_missing_directory_or_files(indexes, tmp_path):
         RealmBlockIndex.from_pretrained(tmp_path / "index")
 
 
+def test_a_crafted_faiss_header_claiming_billions_of_vectors_is_refused_before_faiss_reads_it(indexes, tmp_path):
+    indexes["flat"].save_pretrained(tmp_path / "index")
+    path = tmp_path / "index" / FAISS_INDEX_NAME
+    # 45 bytes: a flat inner-product index header claiming 3 << 28 vectors of 32 dimensions, and no data.
+    path.write_bytes(b"IxFI" + struct.pack("<iqqq?i", 32, 3 << 28, 0, 0, True, 0) + bytes(4))
+    with pytest.raises(ValueError, match=f"header claims {3 << 28} x 32 vectors but the block embeddings are"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_a_faiss_file_too_short_for_the_vectors_its_header_claims_is_refused(indexes, tmp_path):
+    indexes["hnsw"].save_pretrained(tmp_path / "index")
+    path = tmp_path / "index" / FAISS_INDEX_NAME
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"{FAISS_INDEX_NAME} is truncated: 1000 bytes cannot hold {NUM_BLOCKS}"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 3e25], ids=["nan", "inf", "overflowing"])
+def test_saved_embeddings_with_a_bad_row_are_refused_on_load_naming_the_file_and_row(data, value, tmp_path):
+    blocks = data[0].clone()
+    RealmBlockIndex.build(blocks, "exact").save_pretrained(tmp_path / "index")
+    blocks[777, 3] = value
+    save_file({"block_emb": blocks.contiguous()}, str(tmp_path / "index" / BLOCK_EMB_NAME))
+    with pytest.raises(ValueError, match=f"{BLOCK_EMB_NAME} contains NaN, inf or overflowing values .*row 777"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
 def test_build_rejects_nan(data):
     blocks = data[0].clone()
     blocks[1234, 5] = float("nan")
-    with pytest.raises(ValueError, match="NaN or inf .*row 1234"):
+    with pytest.raises(ValueError, match="block_emb contains NaN, inf or overflowing values .*row 1234"):
         RealmBlockIndex.build(blocks, "exact")
 
 

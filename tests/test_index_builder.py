@@ -3,8 +3,10 @@
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -272,3 +274,72 @@ def test_plain_layout_keeps_the_build_provenance_in_the_index_config(corpus, tmp
     metadata = json.loads((tmp_path / "plain" / "index_config.json").read_text())["metadata"]
     assert len(metadata["corpus_fingerprint"]) == 64
     assert RealmBlockIndex.from_pretrained(tmp_path / "plain").metadata == metadata
+
+
+def process_gone(pid: int) -> bool:
+    """The process has exited (a zombie whose parent is gone counts: nothing of it runs any more)."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in state
+
+
+def wait_until_gone(pid: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not process_gone(pid):
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.1)
+
+
+def test_a_builder_whose_trainer_was_killed_exits_without_writing_a_version(corpus, tmp_path):
+    tiny_embedder().save_pretrained(tmp_path / "embedder")
+    fixture_tokenizer().save_pretrained(tmp_path / "embedder")
+    output = tmp_path / "index"
+    # The stand-in trainer starts the builder as the async refresh does (with its own pid), then dies by SIGKILL.
+    trainer = (
+        "import os, signal, subprocess, sys\n"
+        "builder = subprocess.Popen([sys.executable, '-m', 'openrealm.trainers.index_builder', '--embedder', sys.argv[1],"
+        " '--corpus', sys.argv[2], '--output', sys.argv[3], '--quiet', '--parent-pid', str(os.getpid())])\n"
+        "print(builder.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    argv = [sys.executable, "-c", trainer, str(tmp_path / "embedder"), str(corpus), str(output)]
+    killed = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    wait_until_gone(int(killed.stdout.split()[0]))
+    assert not output.exists() or list_versions(output) == []
+
+
+def test_a_builder_exits_within_a_second_of_its_trainer_dying_mid_build(tmp_path):
+    child = (
+        "import sys, time\n"
+        "from openrealm.trainers.index_builder import exit_with_parent\n"
+        "exit_with_parent(int(sys.argv[1]))\n"
+        "print('watching', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    trainer = (
+        "import os, signal, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())], stdout=subprocess.PIPE, "
+        "text=True)\n"
+        "assert child.stdout.readline().strip() == 'watching'\n"
+        "print(child.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", trainer, child], capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    wait_until_gone(int(killed.stdout.split()[0]), timeout=2.0)
+
+
+def test_an_index_version_is_readable_by_other_users_under_umask_022(corpus, tmp_path):
+    previous = os.umask(0o022)
+    try:
+        build_index(tiny_embedder(), corpus, tmp_path / "index", progress=False)
+    finally:
+        os.umask(previous)
+    version = latest_index_dir(tmp_path / "index").parent
+    modes = {path.relative_to(version).as_posix(): path.stat().st_mode & 0o777 for path in version.rglob("*")}
+    assert version.stat().st_mode & 0o777 == 0o755
+    assert modes["block_index"] == 0o755 and modes["block_index/block_emb.safetensors"] == 0o644
+    assert set(modes.values()) == {0o755, 0o644}

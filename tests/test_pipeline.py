@@ -115,3 +115,68 @@ def test_the_folder_loads_without_trust_remote_code_when_openrealm_is_installed(
 
     assert "custom_pipelines" in json.loads((folder / "config.json").read_text())
     assert isinstance(pipeline("question-answering", model=str(folder)), RealmQuestionAnsweringPipeline)
+
+
+@pytest.mark.parametrize("num_blocks", [0, -1, 2.5, True])
+def test_num_blocks_that_is_not_a_positive_integer_is_refused(qa, num_blocks):
+    with pytest.raises(ValueError, match=r"num_blocks .*must be an integer of at least 1"):
+        qa(QUESTIONS[0], num_blocks=num_blocks)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5])
+def test_batch_size_that_is_not_a_positive_integer_is_refused(qa, batch_size):
+    with pytest.raises(ValueError, match=r"batch_size .*must be an integer of at least 1"):
+        qa(QUESTIONS, batch_size=batch_size)
+
+
+def test_batch_size_zero_set_on_the_pipeline_is_refused(folder):
+    zero = pipeline("question-answering", model=str(folder), batch_size=0)
+    with pytest.raises(ValueError, match=r"batch_size .*must be an integer of at least 1, got 0"):
+        zero(QUESTIONS[0])
+
+
+@pytest.mark.parametrize("top_k", [2.5, 0, -3, "2"])
+def test_top_k_that_is_not_a_positive_integer_is_refused(qa, top_k):
+    with pytest.raises(ValueError, match=r"top_k .*must be an integer of at least 1"):
+        qa(QUESTIONS[0], top_k=top_k)
+
+
+def test_a_utf8_bytes_question_is_answered_like_its_text(qa):
+    from_bytes, from_text = qa(QUESTIONS[0].encode("utf-8")), qa(QUESTIONS[0])
+    assert (from_bytes["answer"], from_bytes["block_id"]) == (from_text["answer"], from_text["block_id"])
+    assert from_bytes["score"] == pytest.approx(from_text["score"], rel=1e-5)
+
+
+def test_a_non_utf8_bytes_question_is_refused_by_name(qa):
+    with pytest.raises(ValueError, match=r"question 1 is bytes that are not valid UTF-8"):
+        qa([QUESTIONS[0], b"where is caf\xe9 ?"])
+
+
+def test_an_empty_question_in_a_list_is_refused_by_position(qa):
+    with pytest.raises(ValueError, match=r"question 2 is empty or whitespace \(''\)"):
+        qa([QUESTIONS[0], QUESTIONS[1], ""])
+
+
+def test_a_question_that_is_not_text_is_refused_by_type(qa):
+    with pytest.raises(ValueError, match="question 0 must be a str .*got int"):
+        qa([42])
+
+
+@pytest.mark.parametrize("offset", [1, 0, -1])
+def test_max_question_length_beyond_the_reader_input_is_refused(qa, offset):
+    reader_seq_len = qa.model.config.reader_seq_len
+    with pytest.raises(ValueError, match=rf"max_question_length must be an integer from 3 to {reader_seq_len - 2}"):
+        qa(QUESTIONS[0], max_question_length=reader_seq_len + offset)
+
+
+@pytest.mark.parametrize("max_question_length", [2, 0, -5, 10.5])
+def test_max_question_length_too_short_for_a_question_is_refused(qa, max_question_length):
+    with pytest.raises(ValueError, match=r"max_question_length must be an integer from 3 to"):
+        qa(QUESTIONS[0], max_question_length=max_question_length)
+
+
+def test_max_question_length_at_its_limit_reads_a_context(qa):
+    context = "The Nile flows through Egypt and Sudan."
+    question = " ".join(["where does the river flow ?"] * 20)
+    result = qa(question, context=context, max_question_length=qa.model.config.reader_seq_len - 2)
+    assert context[result["start"] : result["end"]] == result["answer"]

@@ -35,6 +35,7 @@ CODE_FILES = (
     "retrieval_realm.py",
     "index_realm.py",
     "block_records.py",
+    "file_utils.py",
     "pipeline_realm.py",
     "tokenization_realm.py",
 )

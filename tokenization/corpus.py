@@ -48,6 +48,10 @@ CORPUS_FORMAT_VERSION = 1
 CONFIG_NAME = "corpus_config.json"
 BLOCKS_DIR = "blocks"
 BLOCK_RECORDS_NAME = "block_records.safetensors"  # the name RealmRetriever.from_pretrained looks for
+# Top-level names a corpus folder written before corpus_config.json listed its "files" may hold (tokenizer files).
+_LEGACY_TOKENIZER_FILES = frozenset(
+    {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "added_tokens.json"}
+)
 MAX_BLOCK_LENGTH = 288
 COLUMNS = (
     "block_id",
@@ -368,6 +372,71 @@ def _append_block(columns: dict[str, list], article_id: int, title: str, title_i
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# JSONL input: one reader for every JSONL file openrealm reads (articles, QA rows, gold passages)
+# ---------------------------------------------------------------------------------------------------------------------
+
+_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+
+
+def json_type(value) -> str:
+    """The JSON name of a parsed value's type, for messages: null, a boolean, a number, a string, an array, an object."""
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+class JsonlError(ValueError):
+    """A bad line of a JSONL file: the message is `PATH, line N: PROBLEM` (N 1-based, as editors count)."""
+
+    def __init__(self, path, line: int, problem: str):
+        self.path, self.line, self.problem = os.fspath(path), line, problem
+        super().__init__(f"{self.path}, line {line}: {problem}")
+
+    def __reduce__(self):  # pickles (e.g. out of a datasets worker) with its three arguments
+        return type(self), (self.path, self.line, self.problem)
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each line of a JSONL file; numbers are 1-based and blank lines are skipped.
+
+    Raises JsonlError naming the file and the line for a line that is not UTF-8, not valid JSON (with the parser's
+    message) or not a JSON object; FileNotFoundError / IsADirectoryError when the path is no file."""
+    with open(path, "rb") as file:
+        for number, raw in enumerate(file, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise JsonlError(path, number, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise JsonlError(path, number, f"invalid JSON: {error.msg} (column {error.colno})") from None
+            if not isinstance(row, dict):
+                raise JsonlError(path, number, f"expected a JSON object, got {json_type(row)}")
+            yield number, row
+
+
+def jsonl_string(row: Mapping, field: str, path, line: int) -> str:
+    """row[field] of a line of `path`, which must be present and a string (JsonlError otherwise)."""
+    if field not in row:
+        raise JsonlError(path, line, f"missing field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
+    value = row[field]
+    if not isinstance(value, str):
+        raise JsonlError(path, line, f"field {field!r} must be a string, got {json_type(value)}")
+    return value
+
+
+def _article_rows(paths: list[str]) -> Iterator[dict]:
+    for path in paths:
+        for number, row in iter_jsonl(path):
+            yield {"title": jsonl_string(row, "title", path, number), "text": jsonl_string(row, "text", path, number)}
+
+
 def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
     """A tokenizer object, or a name/path for AutoTokenizer (a REALM checkpoint folder works) -> (tokenizer, name)."""
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -382,45 +451,86 @@ def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
 
 def _load_articles(source, cache_dir: str):
     """A JSONL path (or list of paths) or a datasets.Dataset -> (Dataset with "title" and "text", name)."""
-    from datasets import Dataset
+    from datasets import Dataset, Features, Value
 
     if isinstance(source, Dataset):
         articles, name = source, source.info.dataset_name or f"datasets.Dataset({len(source)} rows)"
     else:
-        paths = [os.fspath(p) for p in source] if isinstance(source, (list, tuple)) else [os.fspath(source)]
+        paths = _source_paths(source)
         for path in paths:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"article file not found: {path}")
         name = ", ".join(paths)
+        if all(next(iter_jsonl(path), None) is None for path in paths):
+            raise ValueError(f"{name} holds no articles (empty file)")
+        features = Features({"title": Value("string"), "text": Value("string")})
         try:
-            articles = Dataset.from_json(paths, cache_dir=cache_dir)
-        except Exception as error:  # noqa: BLE001 - datasets raises several types for malformed JSON
+            articles = Dataset.from_generator(
+                _article_rows, gen_kwargs={"paths": paths}, features=features, cache_dir=cache_dir
+            )
+        except Exception as error:  # datasets wraps the generator's error in a generic one: report the line's
             cause = error
-            while cause.__cause__ is not None:  # datasets wraps the parser's message in a generic one
-                cause = cause.__cause__
-            raise ValueError(
-                f"cannot read articles from {name} (expected JSON lines with title and text): {cause}"
-            ) from error
+            while cause is not None and not isinstance(cause, JsonlError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise JsonlError(cause.path, cause.line, cause.problem) from None
     for column in ("title", "text"):
         if column not in articles.column_names:
             raise ValueError(f"{name} has no {column!r} field (fields: {', '.join(articles.column_names) or 'none'})")
     return articles, name
 
 
-def _check_output(output_dir: str, overwrite: bool) -> None:
+def _source_paths(source) -> list[str]:
+    return [os.fspath(p) for p in source] if isinstance(source, (list, tuple)) else [os.fspath(source)]
+
+
+def _written_by_build(output_dir: str) -> set[str]:
+    """Top-level names of a corpus folder that `build_corpus` wrote: the "files" its corpus_config.json lists (older
+    corpora: the corpus files and the usual tokenizer files)."""
+    try:
+        with open(os.path.join(output_dir, CONFIG_NAME), encoding="utf-8") as f:
+            files = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        files = None
+    if isinstance(files, list) and all(isinstance(name, str) for name in files):
+        return {CONFIG_NAME, *files}
+    return {CONFIG_NAME, BLOCKS_DIR, BLOCK_RECORDS_NAME, *_LEGACY_TOKENIZER_FILES}
+
+
+def _check_output(output_dir: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
+    """Refuse an output_dir that exists (without overwrite), or whose replacement would delete anything the build did
+    not write: a folder that is not a corpus (unless empty), a corpus folder holding other files, an input inside it."""
     if not os.path.exists(output_dir):
         return
     if not overwrite:
         raise FileExistsError(f"{output_dir} already exists; choose another output or pass overwrite=True")
     if not os.path.isdir(output_dir):
         raise FileExistsError(f"{output_dir} exists and is not a directory; refusing to replace it")
-    # Replacing deletes the old folder: only ever delete a corpus (or an empty folder), never e.g. a home directory.
-    if os.listdir(output_dir) and not os.path.isfile(os.path.join(output_dir, CONFIG_NAME)):
+    real_output = os.path.realpath(output_dir)
+    for path in inputs:
+        real_input = os.path.realpath(path)
+        if os.path.commonpath([real_output, real_input]) == real_output:
+            raise FileExistsError(
+                f"the input {path} lies inside the output {output_dir}, which overwriting deletes; move the input out "
+                "or choose another output"
+            )
+    entries = os.listdir(output_dir)
+    if not entries:
+        return
+    # Replacing deletes the old folder: only ever delete what a build wrote, never e.g. a home directory or notes.
+    if not os.path.isfile(os.path.join(output_dir, CONFIG_NAME)):
         raise FileExistsError(f"{output_dir} is not an openrealm corpus (no {CONFIG_NAME}); refusing to replace it")
+    foreign = sorted(set(entries) - _written_by_build(output_dir))
+    if foreign:
+        raise FileExistsError(
+            f"{output_dir} holds files that corpus build did not write ({', '.join(foreign)}); refusing to delete "
+            "them: move them out or choose another output"
+        )
 
 
 @contextlib.contextmanager
-def _staging_dir(output_dir: str, overwrite: bool) -> Iterator[str]:
+def _staging_dir(output_dir: str, overwrite: bool, inputs: Sequence[str] = ()) -> Iterator[str]:
     """A temporary sibling of output_dir; renamed to output_dir on success, removed on any error."""
     parent, base = os.path.split(output_dir)
     os.makedirs(parent, exist_ok=True)
@@ -428,7 +538,7 @@ def _staging_dir(output_dir: str, overwrite: bool) -> Iterator[str]:
     os.mkdir(staging)  # not mkdtemp: the folder gets the usual umask-derived permissions, not 0700
     try:
         yield staging
-        _check_output(output_dir, overwrite)  # again: the output may have appeared while building
+        _check_output(output_dir, overwrite, inputs)  # again: the output may have appeared while building
         previous = None
         if os.path.exists(output_dir):
             previous = os.path.join(parent, f".{base}.{uuid.uuid4().hex[:12]}.old")
@@ -472,7 +582,8 @@ def build_corpus(
 ):
     """Build the knowledge corpus folder `output_dir` from articles; returns its blocks (`load_corpus(output_dir)`).
 
-    source: a JSONL path (or list of paths), one {"title", "text"} object per line (other fields are ignored), or a
+    source: a JSONL path (or list of paths), one {"title", "text"} object (strings) per line (other fields are ignored,
+        blank lines skipped; a bad line is a JsonlError naming the file and line), or a
         `datasets.Dataset` with "title" and "text" columns. Row i is article i (`article_id`).
     tokenizer: a tokenizers-backed BERT/REALM tokenizer, or a name/path for AutoTokenizer (a REALM checkpoint folder).
     max_block_length: wordpieces of `[CLS] title [SEP] body [SEP]` per block (Google: 288).
@@ -482,20 +593,23 @@ def build_corpus(
         when num_proc > 1. Spans are stored as offsets in the block text; spans not inside their sentence are dropped.
         An annotator with `annotate_batch(sentences)` gets whole batches of sentences. None: no spans.
     batch_size: articles per `map` batch.
-    overwrite: replace an existing corpus at output_dir (only once the new one is complete).
+    overwrite: replace an existing corpus at output_dir (only once the new one is complete). Refused when that would
+        delete anything a build did not write: a folder that is not a corpus (unless empty), a corpus folder holding
+        other files, or an input file inside output_dir.
     page_filter: drop "List of …", "Index of …", "Outline of …" and "(disambiguation)" pages, as Google did.
     html_unescape: `html.unescape` the article text (not the title), as Google did for WikiExtractor output.
     language: sentencex language code.
 
     Everything is written to a temporary sibling of output_dir and renamed when complete: a failure leaves nothing.
     """
-    from datasets import Value, load_from_disk
+    from datasets import Dataset, Value, load_from_disk
 
     output_dir = os.path.abspath(os.fspath(output_dir))
-    _check_output(output_dir, overwrite)
+    inputs = [] if isinstance(source, Dataset) else _source_paths(source)
+    _check_output(output_dir, overwrite, inputs)
     tokenizer, tokenizer_name = resolve_tokenizer(tokenizer)
     builder = BlockBuilder(tokenizer, max_block_length, span_annotator, page_filter, html_unescape, language)
-    with _staging_dir(output_dir, overwrite) as staging:
+    with _staging_dir(output_dir, overwrite, inputs) as staging:
         scratch = os.path.join(staging, ".scratch")  # datasets' cache files: inside the staging folder, removed below
         articles, builder.source_name = _load_articles(source, scratch)
         features = block_features()
@@ -540,6 +654,7 @@ def build_corpus(
             "html_unescape": html_unescape,
             "language": language,
             "source": builder.source_name,
+            "files": sorted({CONFIG_NAME, *os.listdir(staging)}),  # what --overwrite may replace, nothing else
         }
         with open(os.path.join(staging, CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, ensure_ascii=False)
@@ -731,6 +846,7 @@ __all__ = [
     "CONFIG_NAME",
     "CORPUS_FORMAT",
     "CORPUS_FORMAT_VERSION",
+    "JsonlError",
     "add_arguments",
     "annotator_names",
     "batch_retriever_inputs",
@@ -739,6 +855,9 @@ __all__ = [
     "build_corpus",
     "document_uid",
     "is_removed_page",
+    "iter_jsonl",
+    "json_type",
+    "jsonl_string",
     "load_corpus",
     "read_corpus_config",
     "run",

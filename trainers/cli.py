@@ -10,11 +10,17 @@ openrealm train openqa --model MODEL --train FILE --dev FILE --output DIR --max-
 openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type flat]    # MIPS index
 openrealm evaluate --model MODEL --dataset FILE_OR_NAME --output FILE.json [--retrieval bm25]  # EM, recall@k
 openrealm push --model DIR --repo-id ID [--eval-results FILE.json ...] [--private]      # Hub upload with card
+
+Exit status: 0 done; 1 failed (a checkpoint missing trained weights, a model neither found locally nor loadable from
+the Hub, another I/O failure); 2 bad arguments or input (a malformed file, a missing path, an output that would
+replace something). Failures and bad input print one line `openrealm: error: MESSAGE` on stderr; set
+OPENREALM_DEBUG=1 to get the traceback instead. Any other error keeps its traceback.
 """
 
 import argparse
 import importlib
 import json
+import os
 import sys
 
 # (group, command) -> (module providing add_arguments/run, help). Modules are imported only to build the parser.
@@ -122,15 +128,45 @@ def run_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+# Errors that mean bad arguments or input (json.JSONDecodeError and openrealm's JsonlError are ValueErrors): exit 2.
+BAD_INPUT_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    FileExistsError,
+    PermissionError,
+)
+# Arguments naming a model folder or Hub repo id: a local path that does not exist is reported as such.
+MODEL_ARGUMENTS = (("model", "--model"), ("source", "SOURCE"), ("embedder", "--embedder"), ("encoder", "--encoder"))
+
+
+def report_error(error: BaseException, status: int) -> int:
+    """Print `openrealm: error: MESSAGE` (one line) on stderr and return status; re-raise when OPENREALM_DEBUG=1."""
+    if os.environ.get("OPENREALM_DEBUG") == "1":
+        raise error
+    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+    print(f"openrealm: error: {message}", file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; see the module docstring for the exit status."""
     from openrealm.modeling_realm import MissingWeightsError
+    from openrealm.trainers.evaluation import check_model_folder
 
     args = build_parser().parse_args(argv)
     try:
+        for name, flag in MODEL_ARGUMENTS:
+            if isinstance(getattr(args, name, None), str):
+                check_model_folder(getattr(args, name), flag)
         return args.handler(args)
     except MissingWeightsError as error:  # a checkpoint that would train or answer with random weights
-        print(f"openrealm: error: {error}", file=sys.stderr)
-        return 1
+        return report_error(error, 1)
+    except BAD_INPUT_ERRORS as error:
+        return report_error(error, 2)
+    except OSError as error:  # e.g. neither a local folder nor a loadable Hub repo, no network, disk full
+        return report_error(error, 1)
 
 
 if __name__ == "__main__":

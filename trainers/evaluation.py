@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from openrealm.tokenization.corpus import iter_jsonl, json_type
+
 METRIC_SCRIPT = Path(__file__).parent / "metrics" / "realm_open_qa" / "realm_open_qa.py"
 DEFAULT_RECALL_KS = (1, 5, 10, 20)
 # Splits tried, in order, when a Hub dataset is named without one: evaluation splits first.
@@ -92,24 +94,37 @@ def load_open_qa_metric(**kwargs):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _answer_strings(value, key: str, where: str) -> list[str]:
+    """The non-blank answers of a field's value: a string, a number, or a list of them. null (or anything else)
+    among them is an error naming the field, never the answer "None"."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{where}: {key!r} must be a list of strings, got {json_type(value)}")
+    answers = []
+    for position, answer in enumerate(value):
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise ValueError(f"{where}: {key}[{position}] must be a string, got {json_type(answer)}")
+        if str(answer).strip():
+            answers.append(str(answer))
+    if not answers:
+        raise ValueError(f"{where}: the answer list is empty")
+    return answers
+
+
 def _answers_of(row: dict, where: str) -> tuple[list[str], str]:
     """(answers, match) of one row in any of the common layouts: answers / answer (ORQA) as a list or a string,
     SQuAD's {"text": [...]}, TriviaQA's {"value", "aliases"}; answer_patterns (CuratedTrec) -> regex."""
     if row.get("answer_patterns"):
-        return [str(pattern) for pattern in row["answer_patterns"]], "regex"
+        return _answer_strings(row["answer_patterns"], "answer_patterns", where), "regex"
     for key in ("answers", "answer"):
         value = row.get(key)
         if value is None:
             continue
         if isinstance(value, dict):
             value = value.get("text") or value.get("aliases") or value.get("value")
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, (list, tuple)):
-            answers = [str(answer) for answer in value if str(answer).strip()]
-            if not answers:
-                raise ValueError(f"{where}: the answer list is empty")
-            return answers, "string"
+            key = f"{key}.text"
+        return _answer_strings(value, key, where), "string"
     raise ValueError(
         f"{where}: no answers: expected an 'answers', 'answer' or 'answer_patterns' field, got {sorted(row)}"
     )
@@ -120,7 +135,9 @@ def qa_example(row: dict, where: str) -> dict:
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     question = row.get("question")
-    if not isinstance(question, str) or not question.strip():
+    if question is not None and not isinstance(question, str):
+        raise ValueError(f"{where}: 'question' must be a string, got {json_type(question)}")
+    if not question or not question.strip():
         raise ValueError(f"{where}: missing or empty 'question' (fields: {sorted(row)})")
     answers, match = _answers_of(row, where)
     gold = row.get("gold_passage_id")
@@ -133,18 +150,8 @@ def qa_example(row: dict, where: str) -> dict:
 
 
 def read_qa_jsonl(path: str | os.PathLike) -> list[dict]:
-    """QA rows of a JSONL file (blank lines skipped); errors name the file and line."""
-    examples = []
-    with open(path, encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
-            examples.append(qa_example(row, where))
+    """QA rows of a JSONL file (blank lines skipped); errors name the file and the 1-based line."""
+    examples = [qa_example(row, f"{path}, line {number}") for number, row in iter_jsonl(path)]
     if not examples:
         raise ValueError(f"{path} holds no questions (empty file)")
     return examples
@@ -207,7 +214,7 @@ def load_qa_dataset(path_or_name: str, split: str | None = None):
         examples = read_qa_jsonl(local)
     else:
         hub = _load_hub_dataset(str(path_or_name), split)
-        examples = [qa_example(dict(row), f"{path_or_name} row {number}") for number, row in enumerate(hub)]
+        examples = [qa_example(dict(row), f"{path_or_name}, row index {number}") for number, row in enumerate(hub)]
         if not examples:
             raise ValueError(f"Hub dataset {path_or_name!r} holds no questions")
     features = datasets.Features(
@@ -291,18 +298,28 @@ def evaluate_open_qa(
     The model reads the top `num_blocks` (default config.reader_beam_size) of the top max(recall_ks) blocks
     retrieved by its index, or by `block_searcher.search(questions, k) -> LongTensor [B, k]` (e.g. BM25).
     Returns percentages: exact_match (regex match for regex rows), recall@k (some top-k block holds an answer; k is
-    capped at the corpus size), reader_oracle (some read block holds an answer); count, num_blocks, and predictions
-    (question, prediction, answers, correct, block_ids read).
+    capped at the corpus size, and "notes" then says so for each such k), reader_oracle (some read block holds an
+    answer); count, num_blocks, corpus_size, and predictions (question, prediction, answers, correct, block_ids read).
     """
     rows = _rows(dataset)
     if not rows:
         raise ValueError("The dataset holds no questions.")
     if not recall_ks or min(recall_ks) < 1:
         raise ValueError(f"recall_ks must be positive block counts, got {recall_ks}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if num_blocks is not None and num_blocks < 1:
+        raise ValueError(f"num_blocks must be positive, got {num_blocks}")
     corpus_size = len(model.retriever.block_records)
     num_read = min(num_blocks or model.config.reader_beam_size, corpus_size)
     num_retrieved = min(max(max(recall_ks), num_read), corpus_size)
     ks = sorted(set(recall_ks))
+    # recall@k for k beyond the corpus is recall over the whole corpus: kept under its name, with a note saying so.
+    notes = [
+        f"recall@{k}: the corpus holds only {corpus_size} blocks, so this is recall over all of them"
+        for k in ks
+        if k > corpus_size
+    ]
     hits = {k: 0 for k in ks}
     oracle = correct_count = 0
     predictions = []
@@ -349,6 +366,8 @@ def evaluate_open_qa(
             "count": count,
             "num_blocks": num_read,
             "match": matches[0] if len(matches) == 1 else "mixed",
+            "corpus_size": corpus_size,
+            **({"notes": notes} if notes else {}),
             "predictions": predictions,
         }
     )
@@ -390,6 +409,45 @@ def read_results(path: str | os.PathLike) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (at least 1), got {value}")
+    return value
+
+
+def looks_like_local_path(name: str) -> bool:
+    """A name that can only mean a local path, not a Hub id (`name` or `owner/name`): ./x, ../x, /x, ~/x, C:\\x,
+    a/b/c."""
+    return name.startswith((".", "/", "~")) or "\\" in name or os.path.isabs(name) or name.count("/") > 1
+
+
+def check_model_folder(name: str, flag: str = "--model") -> None:
+    """FileNotFoundError "no such folder" for a model named by a local path that does not exist (transformers would
+    call it a malformed Hub repo id); NotADirectoryError for a file. A Hub id (`name`, `owner/name`) passes."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(f"{flag} {name}: not a folder")
+        return
+    if looks_like_local_path(name):
+        raise FileNotFoundError(f"{flag} {name}: no such folder")
+
+
+def check_output(output: str, dataset: str, split: str | None) -> None:
+    """Refuse a results path that is the dataset file itself (after resolving the paths) or an existing folder."""
+    target = Path(output).expanduser()
+    if target.is_dir():
+        raise IsADirectoryError(f"--output {output} is a folder; give the results JSON file to write")
+    local = _local_file(str(dataset), split)
+    if local is not None and target.resolve() == local.resolve():
+        raise ValueError(f"--output {output} is the dataset file {local}; writing the results would replace it")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `openrealm evaluate`."""
     parser.add_argument("--model", required=True, help="RealmForOpenQA folder or Hub repo id (with corpus and index)")
@@ -397,11 +455,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="results JSON to write (metrics and predictions)")
     parser.add_argument("--split", default=None, help="split of a folder or Hub dataset (default: test/validation)")
     parser.add_argument("--dataset-name", default=None, help="name in the results and model card (default: derived)")
-    parser.add_argument("--num-blocks", type=int, default=None, help="blocks read per question (default: config)")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
-    parser.add_argument("--batch-size", type=int, default=8, help="questions per forward pass (default 8)")
     parser.add_argument(
-        "--recall-k", type=int, nargs="+", default=list(DEFAULT_RECALL_KS), help="k of recall@k (default 1 5 10 20)"
+        "--num-blocks", type=positive_int, default=None, help="blocks read per question (default: config)"
+    )
+    parser.add_argument("--limit", type=positive_int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="questions per forward pass (default 8)")
+    parser.add_argument(
+        "--recall-k",
+        type=positive_int,
+        nargs="+",
+        default=list(DEFAULT_RECALL_KS),
+        help="k of recall@k (default 1 5 10 20); a k beyond the corpus size is recall over the whole corpus (noted)",
     )
     parser.add_argument(
         "--retrieval", choices=("dense", "bm25"), default="dense", help="blocks from the model's index or from BM25"
@@ -414,8 +478,11 @@ def run(args: argparse.Namespace) -> int:
     """`openrealm evaluate`: evaluate a model on a QA dataset and write the results JSON."""
     from openrealm import RealmForOpenQA
 
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be positive, got {args.limit}")
+    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size), ("--num-blocks", args.num_blocks)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {value}")
+    check_output(args.output, args.dataset, args.split)  # before anything runs: nothing to lose, no time wasted
+    check_model_folder(str(args.model))
     dataset = load_qa_dataset(args.dataset, split=args.split)
     if args.limit is not None:
         dataset = dataset.select(range(min(args.limit, len(dataset))))
@@ -445,6 +512,8 @@ def run(args: argparse.Namespace) -> int:
         **results,
     }
     write_results(results, args.output)
+    for note in results.get("notes", ()):
+        print(f"note: {note}", file=sys.stderr)
     summary = ", ".join(f"{key} {results[key]:.2f}" for key in results if key == "exact_match" or "@" in key)
     print(f"{results['count']} questions: {summary}, reader_oracle {results['reader_oracle']:.2f} -> {args.output}")
     return 0
@@ -457,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
+    "check_model_folder",
     "dataset_identity",
     "evaluate_open_qa",
     "exact_match",

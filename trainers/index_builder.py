@@ -37,6 +37,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -47,6 +48,7 @@ import numpy as np
 import torch
 
 from openrealm import RealmBlockIndex
+from openrealm.file_utils import apply_umask_modes
 from openrealm.index_realm import INDEX_TYPES
 from openrealm.tokenization.corpus import batch_retriever_inputs, load_corpus, read_corpus_config
 from openrealm.trainers.towers import check_corpus_ids, fit_length, load_embedder
@@ -228,6 +230,8 @@ def _check_embedder_fits(embedder: torch.nn.Module, longest: int, max_length: in
         )
 
 
+# How often a builder started with --exit-with-parent checks that its parent still runs.
+PARENT_POLL_SECONDS = 0.2
 # Seconds every rank sleeps (GIL released) before leaving the process group; see leave_process_group.
 GLOO_DRAIN_SECONDS = 0.5
 
@@ -337,6 +341,7 @@ def _write_version(index, output_dir: Path, build_info: dict, keep: int | None) 
     try:
         index.save_pretrained(staging / INDEX_SUBDIR)
         _write_json(staging / BUILD_INFO_NAME, build_info)
+        apply_umask_modes(staging)  # mkdtemp's 0700: other users of a shared index root must read the version
         os.rename(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -529,11 +534,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-workers", type=int, default=None, help="input workers (default 2 on CUDA, 0 on CPU)")
     parser.add_argument("--no-sort", action="store_true", help="batch in block order instead of by length")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit, writing nothing, as soon as this process (the one that started the build) is gone (async refresh)",
+    )
+
+
+def exit_with_parent(parent: int, poll_seconds: float = PARENT_POLL_SECONDS) -> threading.Thread:
+    """Exit this process (code 3, nothing more written) once `parent`, the pid of the process that started it, is gone.
+
+    A dead parent's children are re-parented at once, even while it is an unreaped zombie, so our parent pid differing
+    from `parent` is the signal (also when the parent died before this was called); a thread polls it. (prctl's
+    PR_SET_PDEATHSIG would not do: it fires when the parent *thread* that started this process ends, and the refresh
+    callback starts builders from a short-lived thread.)"""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        print(f"index builder: parent process {parent} is gone; exiting without writing", file=sys.stderr)
+        os._exit(3)
+
+    watcher = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
+    watcher.start()
+    return watcher
 
 
 def run(args: argparse.Namespace) -> int:
     """`openrealm index build`: embed the corpus and write the index (under accelerate launch, sharded)."""
     from accelerate import PartialState
+
+    if getattr(args, "parent_pid", None) is not None:
+        exit_with_parent(args.parent_pid)
 
     # PartialState sets up a multi-process CPU run (gloo) only when told cpu=True; a CUDA-less multi-process launch
     # (`accelerate launch --multi_gpu --num_processes 2` or torchrun on a CPU machine) is one.

@@ -40,6 +40,7 @@ import torch
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
+from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
 from openrealm.trainers.ict import google_warmup_steps
 from openrealm.trainers.towers import (
@@ -157,19 +158,20 @@ def load_openqa_model(
 
 
 def read_gold_passages(path: str | os.PathLike) -> dict[str, str]:
-    """{id: text} of a JSONL file of passages ({"id", "text", ...} per line, e.g. nq_open/dev_gold_passages.jsonl)."""
+    """{id: text} of a JSONL file of passages ({"id", "text", ...} per line, e.g. nq_open/dev_gold_passages.jsonl).
+
+    id: a string or an integer; text: a string. Blank lines are skipped; a bad line is a JsonlError naming the file
+    and the 1-based line."""
     passages = {}
-    with open(path, encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                passages[str(row["id"])] = str(row["text"])
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise ValueError(
-                    f"{path}, line {number}: expected a JSON object with 'id' and 'text' ({error})"
-                ) from None
+    for number, row in iter_jsonl(path):
+        for field, types, expected in (("id", (str, int), "a string or an integer"), ("text", str, "a string")):
+            if field not in row:
+                raise JsonlError(path, number, f"missing field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
+            if isinstance(row[field], bool) or not isinstance(row[field], types):
+                raise JsonlError(path, number, f"field {field!r} must be {expected}, got {json_type(row[field])}")
+        passages[str(row["id"])] = row["text"]
+    if not passages:
+        raise ValueError(f"{path} holds no passages (empty file)")
     return passages
 
 
@@ -468,14 +470,17 @@ def run(args: argparse.Namespace) -> int:
     from transformers import set_seed
 
     set_seed(args.seed)
+    # The data first: a bad line is reported before the model loads, and before anything is written.
+    gold_passages = read_gold_passages(args.gold_passages) if args.gold_passages else None
+    train_dataset = load_qa_dataset(args.train, split=args.train_split)
+    dev_dataset = load_qa_dataset(args.dev, split=args.dev_split) if args.dev else None
     model = load_openqa_model(
         args.model, embedder=args.embedder, encoder=args.encoder, corpus=args.corpus, index=args.index
     )
-    gold_passages = read_gold_passages(args.gold_passages) if args.gold_passages else None
     summary = finetune_openqa(
         model,
-        load_qa_dataset(args.train, split=args.train_split),
-        load_qa_dataset(args.dev, split=args.dev_split) if args.dev else None,
+        train_dataset,
+        dev_dataset,
         output_dir=args.output,
         max_steps=args.max_steps,
         batch_size=args.batch_size,

@@ -365,6 +365,8 @@ class IndexRefreshCallback(TrainerCallback):
             "--device",
             self.builder_device,
             "--quiet",
+            "--parent-pid",  # a trainer killed with SIGKILL leaves no builder writing versions (or holding a GPU)
+            str(os.getpid()),
         ]
         if "index_type" in self.build_kwargs:
             command += ["--index-type", str(self.build_kwargs["index_type"])]

@@ -24,6 +24,7 @@ from transformers import AutoConfig, set_seed
 from transformers.utils import logging
 
 from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
+from openrealm.file_utils import apply_umask_modes
 from openrealm.modeling_realm import BERT_CONFIG_FIELDS, expected_load_changes, move_into
 
 logger = logging.get_logger(__name__)
@@ -231,6 +232,7 @@ def save_tower(
             tokenizer.save_pretrained(staging)
         for name, text in (files or {}).items():
             Path(staging, name).write_text(text, encoding="utf-8")
+        apply_umask_modes(staging)  # the user's umask, not mkdtemp's private 0700
         move_into(staging, str(folder))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
