@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from openrealm.block_records import BlockRecords
+from openrealm.file_utils import path_within
 
 CORPUS_FORMAT = "openrealm.corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -507,10 +508,8 @@ def _check_output(output_dir: str, overwrite: bool, inputs: Sequence[str] = ()) 
         raise FileExistsError(f"{output_dir} already exists; choose another output or pass overwrite=True")
     if not os.path.isdir(output_dir):
         raise FileExistsError(f"{output_dir} exists and is not a directory; refusing to replace it")
-    real_output = os.path.realpath(output_dir)
     for path in inputs:
-        real_input = os.path.realpath(path)
-        if os.path.commonpath([real_output, real_input]) == real_output:
+        if path_within(path, output_dir):
             raise FileExistsError(
                 f"the input {path} lies inside the output {output_dir}, which overwriting deletes; move the input out "
                 "or choose another output"

@@ -153,7 +153,7 @@ def report_error(error: BaseException, status: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; see the module docstring for the exit status."""
     from openrealm.modeling_realm import MissingWeightsError
-    from openrealm.trainers.evaluation import check_model_folder
+    from openrealm.trainers.towers import check_model_folder
 
     args = build_parser().parse_args(argv)
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from openrealm.tokenization.corpus import iter_jsonl, json_type
+from openrealm.trainers.towers import check_model_folder
 
 METRIC_SCRIPT = Path(__file__).parent / "metrics" / "realm_open_qa" / "realm_open_qa.py"
 DEFAULT_RECALL_KS = (1, 5, 10, 20)
@@ -420,24 +421,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def looks_like_local_path(name: str) -> bool:
-    """A name that can only mean a local path, not a Hub id (`name` or `owner/name`): ./x, ../x, /x, ~/x, C:\\x,
-    a/b/c."""
-    return name.startswith((".", "/", "~")) or "\\" in name or os.path.isabs(name) or name.count("/") > 1
-
-
-def check_model_folder(name: str, flag: str = "--model") -> None:
-    """FileNotFoundError "no such folder" for a model named by a local path that does not exist (transformers would
-    call it a malformed Hub repo id); NotADirectoryError for a file. A Hub id (`name`, `owner/name`) passes."""
-    path = Path(name).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise NotADirectoryError(f"{flag} {name}: not a folder")
-        return
-    if looks_like_local_path(name):
-        raise FileNotFoundError(f"{flag} {name}: no such folder")
-
-
 def check_output(output: str, dataset: str, split: str | None) -> None:
     """Refuse a results path that is the dataset file itself (after resolving the paths) or an existing folder."""
     target = Path(output).expanduser()
@@ -526,7 +509,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
-    "check_model_folder",
     "dataset_identity",
     "evaluate_open_qa",
     "exact_match",

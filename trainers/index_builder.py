@@ -230,7 +230,7 @@ def _check_embedder_fits(embedder: torch.nn.Module, longest: int, max_length: in
         )
 
 
-# How often a builder started with --exit-with-parent checks that its parent still runs.
+# How often a builder started with --parent-pid checks that its parent still runs.
 PARENT_POLL_SECONDS = 0.2
 # Seconds every rank sleeps (GIL released) before leaving the process group; see leave_process_group.
 GLOO_DRAIN_SECONDS = 0.5

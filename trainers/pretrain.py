@@ -87,7 +87,6 @@ from openrealm.trainers.towers import (
     fit_length,
     load_embedder,
     load_encoder,
-    save_tower,
     scorer_from_embedder,
 )
 
@@ -353,14 +352,14 @@ def checkpoint_index_versions(run_dir: str | os.PathLike) -> set[int]:
 
 
 def save_towers(model: RealmPretrainingModel, tokenizer, folder: Path, skip: tuple[str, ...] = ()) -> None:
-    """folder/embedder/, encoder/, scorer/ (but those in skip: saved already), each with the tokenizer; with
-    summary/cards given by save_models. The scorer is the embedder as a RealmScorer (shared query / document tower)."""
+    """folder/embedder/, encoder/, scorer/ (but those in skip: saved already), each with the tokenizer. folder is a
+    staging folder (save_models', a checkpoint's), so each tower is written straight into it. The scorer is the
+    embedder as a RealmScorer (shared query / document tower)."""
     towers = {"embedder": model.embedder, "encoder": model.encoder, "scorer": None}
     for name, tower in towers.items():
-        if name in skip:
-            tokenizer.save_pretrained(folder / name)
-        else:
-            save_tower(tower or scorer_from_embedder(model.embedder), folder / name, tokenizer)
+        if name not in skip:
+            (tower or scorer_from_embedder(model.embedder)).save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
 
 
 def write_json_atomic(path: Path, data: dict) -> None:

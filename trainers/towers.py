@@ -15,6 +15,7 @@ nothing here trains on random weights by accident. Saved towers are in REALM's k
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -41,15 +42,27 @@ ARCHITECTURE_FIELDS = tuple(name for name in BERT_CONFIG_FIELDS if not name.ends
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _looks_like_path(name: str) -> bool:
-    """A Hub id is 'name' or 'owner/name'; anything else that is not a folder is a missing local path."""
-    return os.path.isabs(name) or name.startswith((".", "~", "/")) or name.count("/") > 1 or "\\" in name
+def looks_like_local_path(name: str) -> bool:
+    """A name that can only mean a local path, not a Hub id (`name` or `owner/name`): ./x, ../x, /x, ~/x, C:\\x,
+    a/b/c."""
+    return name.startswith((".", "/", "~")) or "\\" in name or os.path.isabs(name) or name.count("/") > 1
+
+
+def check_model_folder(name: str, flag: str = "--model") -> None:
+    """FileNotFoundError "no such folder" for a model named by a local path that does not exist (transformers would
+    call it a malformed Hub repo id); NotADirectoryError for a file. A Hub id (`name`, `owner/name`) passes."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(f"{flag} {name}: not a folder")
+        return
+    if looks_like_local_path(name):
+        raise FileNotFoundError(f"{flag} {name}: no such folder")
 
 
 def _checkpoint_config(source: str, flag: str):
     """The config of a checkpoint folder or Hub id, with errors naming the flag and the folder."""
-    if not os.path.isdir(source) and _looks_like_path(source):
-        raise FileNotFoundError(f"{flag} {source}: no such folder")
+    check_model_folder(source, flag)
     try:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as error:
@@ -67,7 +80,7 @@ def _random_config(tokenizer, config_overrides: dict) -> RealmConfig:
 
 def _load_inner(cls, source: str, prefix: str, **kwargs):
     """Only the weights under `prefix` of a multi-tower checkpoint; the other towers' keys are expected leftovers."""
-    inner = f"^{prefix.replace('.', chr(92) + '.')}"
+    inner = "^" + re.escape(prefix)
     with expected_load_changes(unused=(r"^(?!realm\.|cls\.)",)):
         return cls.from_pretrained(source, key_mapping={inner: ""}, **kwargs)
 
