@@ -69,3 +69,33 @@ def test_saved_model_is_hub_ready_and_answers_through_the_pipeline_with_provenan
     answer = pipeline("question-answering", model=str(folder))(question["question"])
     assert answer["answer"] and answer["title"] and answer["text"] and 0 <= answer["block_id"]
     assert results["demo"][0]["question"] == question["question"]
+
+
+def test_results_carry_table_2_rows_for_every_ablation(results):
+    rows = {row["name"]: row for row in results["ablations"]}
+    assert set(rows) == {"realm", "no_realm_pretraining", "stale_index", "random_span_masks"}
+    for name, row in rows.items():
+        assert 0.0 <= row["zero_shot_recall_at_5"] <= 100.0
+        # Each row's exact match is its own fine-tuned model's, as in open_qa.
+        run = {"realm": "realm", "no_realm_pretraining": "no-pretraining"}.get(name, name.replace("_", "-"))
+        assert row["exact_match"] == results["open_qa"][run]["exact_match"]
+
+
+def test_pretraining_curve_is_figure_4_in_percent(results):
+    curve, history = results["pretraining_curve"], results["pretraining"]
+    assert curve["step"] == [entry["step"] for entry in history]
+    assert curve["recall_at_5"] == [100.0 * entry["eval_recall@5"] for entry in history]
+    assert curve["retrieval_utility"] == [entry["eval_retrieval_utility"] for entry in history]
+
+
+def test_ablations_pretrained_with_their_own_settings(run):
+    stale = json.loads((run / "pretrain-stale-index" / "pretraining.json").read_text())
+    spans = json.loads((run / "pretrain-random-span-masks" / "pretraining.json").read_text())
+    assert stale["refresh_mode"] == "off" and not stale["index_swaps"]
+    assert spans["refresh_mode"] == "async" and spans["spans"] == "random_span"
+
+
+def test_report_shows_table_2(run):
+    report = (run / "report.md").read_text()
+    assert "| pre-training | zero-shot recall@5 | exact match after fine-tuning |" in report
+    assert "| Stale MIPS (index never refreshed) |" in report and "| Random span masks |" in report

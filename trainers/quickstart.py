@@ -11,13 +11,18 @@ held-out entities follow, each with the same code a user runs on Wikipedia. Writ
     corpus/              blocks (Arrow), salient spans, block records
     ict/                 the ICT warm-started embedder
     pretrain/            REALM pre-training: embedder/, encoder/, scorer/, index/ versions, pretraining.json
+    pretrain-stale-index/, pretrain-random-span-masks/
+                         Table 2's ablations: the same pre-training with the index never refreshed, and with random
+                         spans masked instead of salient ones
     realm-openqa/        the fine-tuned REALM model: a Hub-ready folder (weights, tokenizer, corpus, index, model card,
                          custom code) that `pipeline("question-answering", model=...)` loads
     no-pretraining-openqa/  the same fine-tuning from the ICT embedder and the initial encoder (ORQA's recipe)
+    stale-index-openqa/, random-span-masks-openqa/   the same fine-tuning from each ablation's towers
     report.md            results, with figure_pretraining.png (retrieval utility and recall@5 against pre-training
                          step: the paper's Figure 4 at toy scale) and figure_comparison.png (EM and recall@5 of REALM,
-                         REALM's reader over BM25 retrieval, and no REALM pre-training, all measured in this run)
-    results.json         the same numbers
+                         REALM's reader over BM25 retrieval, no REALM pre-training and the ablations, all measured in
+                         this run), and Table 2's rows: zero-shot retrieval recall@5 and exact match of each start
+    results.json         the same numbers; "ablations" (Table 2) and "pretraining_curve" (Figure 4) machine-readably
 
 The encoder starts from random weights here (there is no BERT for the world's vocabulary), so "no pre-training" means
 the encoder fine-tunes from scratch while REALM's encoder learned, during pre-training, to read retrieved blocks.
@@ -205,9 +210,11 @@ class Stages:
         mode: str = "async",
         name: str = "pretrain",
         k: int = 5,
+        spans: str = "salient",
     ) -> dict:
-        """REALM pre-training into OUTPUT/name with the index refresh `mode` (async here; benchmarks/bench_learning.py
-        compares modes); Figure 4's points (utility, recall@k) come from a PretrainingEvalCallback."""
+        """REALM pre-training into OUTPUT/name with the index refresh `mode` ("off": the stale-index ablation) and the
+        masking `spans` ("random_span": the random-span ablation); Figure 4's points (utility, recall@k) come from a
+        PretrainingEvalCallback on the same fixed queries in every run."""
         from transformers import AutoTokenizer
 
         from openrealm.tokenization.corpus import load_corpus
@@ -224,7 +231,7 @@ class Stages:
             "--refresh-mode", mode, "--batch-size", str(preset.pretrain_batch_size),
             "--learning-rate", str(preset.pretrain_learning_rate), "--seed", str(self.seed),
             "--embedder-learning-rate", str(preset.pretrain_embedder_learning_rate),
-            "--logging-steps", str(preset.eval_every), "--embedding-dropout", "0",
+            "--logging-steps", str(preset.eval_every), "--embedding-dropout", "0", "--spans", spans,
         ]  # fmt: skip
         args = parser.parse_args(argv + ([] if self.progress else ["--no-progress"]))
         tokenizer = AutoTokenizer.from_pretrained(corpus)
@@ -261,6 +268,18 @@ class Stages:
         return output
 
     # -- evaluation and report ----------------------------------------------------------------------------------------
+    def zero_shot_recall(self, embedder: Path, encoder: Path, k: int = 5) -> float:
+        """Table 2's zero-shot retrieval recall@k (%): the pre-trained embedder as the question encoder, before any
+        fine-tuning; a test question counts when one of its top-k blocks holds an answer."""
+        from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
+        from openrealm.trainers.openqa import openqa_model_from_pretraining
+
+        test = load_qa_dataset(str(self.path("world") / "questions_test.jsonl"))
+        model = openqa_model_from_pretraining(embedder, encoder, self.path("corpus")).eval()
+        results = evaluate_open_qa(model, test, num_blocks=1, recall_ks=(k,))
+        print(f"zero-shot recall@{k} of {embedder}: {results[f'recall@{k}']:.1f} ({results['count']} questions)")
+        return results[f"recall@{k}"]
+
     def evaluate(self, models: dict[str, Path]) -> dict[str, dict]:
         """EM and recall@k on the held-out test entities: each model with its own retrieval, and REALM's reader over
         BM25 retrieval; each result also written as JSON next to the model."""
@@ -327,6 +346,26 @@ LABELS = {
     "realm": "REALM (pre-trained)",
     "realm-reader-bm25": "REALM reader + BM25",
     "no-pretraining": "no REALM pre-training",
+    "stale-index": "stale index",
+    "random-span-masks": "random span masks",
+}
+# Table 2's rows that need their own pre-training run: name -> (folder under OUTPUT, refresh mode, masking).
+PRETRAINING_ABLATIONS = {
+    "stale_index": ("pretrain-stale-index", "off", "salient"),
+    "random_span_masks": ("pretrain-random-span-masks", "async", "random_span"),
+}
+# results.json's ablation names -> the run names of the fine-tuned folders (OUTPUT/<run>-openqa) and "open_qa".
+RUN_NAMES = {
+    "realm": "realm",
+    "no_realm_pretraining": "no-pretraining",
+    "stale_index": "stale-index",
+    "random_span_masks": "random-span-masks",
+}
+TABLE2_ROWS = {
+    "realm": "REALM",
+    "no_realm_pretraining": "Baseline (ICT retriever, no REALM pre-training)",
+    "stale_index": "Stale MIPS (index never refreshed)",
+    "random_span_masks": "Random span masks",
 }
 
 
@@ -371,9 +410,16 @@ def plot_comparison(runs: dict[str, dict], path: Path) -> None:
     plt.close(figure)
 
 
-def write_report(output: Path, preset_name: str, stages: Stages, history: list[dict], runs: dict, demo: list) -> Path:
-    """report.md: what ran, the Figure 4 curve, the comparison with the two baselines and a few answers."""
+def write_report(
+    output: Path, preset_name: str, stages: Stages, history: list[dict], runs: dict, demo: list, ablations: list[dict]
+) -> Path:
+    """report.md: what ran, the Figure 4 curve, Table 2's ablations, the open-QA comparison and a few answers."""
     first, last = history[0], history[-1]
+    scores = {row["name"]: row for row in ablations}
+    realm_recall, ict_recall = (
+        scores["realm"]["zero_shot_recall_at_5"],
+        scores["no_realm_pretraining"]["zero_shot_recall_at_5"],
+    )
     lines = [
         "# OpenREALM quickstart report",
         "",
@@ -394,10 +440,23 @@ def write_report(output: Path, preset_name: str, stages: Stages, history: list[d
         "",
         f"Retrieval utility went from {first['eval_retrieval_utility']:.3f} to {last['eval_retrieval_utility']:.3f} "
         f"nats per masked token and recall@5 from {100 * first['eval_recall@5']:.1f}% to "
-        f"{100 * last['eval_recall@5']:.1f}% on {last['eval_num_queries']} fixed masked queries. At this scale the "
-        "retriever hardly moves during pre-training (its learning rate is kept low, so that a tiny ICT retriever does "
-        "not drift while the encoder learns to use what it retrieves); what REALM pre-training hands to fine-tuning "
-        "is mostly the encoder, which becomes the reader.",
+        f"{100 * last['eval_recall@5']:.1f}% on {last['eval_num_queries']} fixed masked queries (recall@5: one of "
+        "the top 5 blocks, the query's own block excluded, holds the masked span).",
+        "",
+        "## The paper's Table 2 at toy scale: what REALM pre-training does to the retriever",
+        "",
+        "| pre-training | zero-shot recall@5 | exact match after fine-tuning |",
+        "|---|---|---|",
+        *(
+            f"| {TABLE2_ROWS[row['name']]} | {row['zero_shot_recall_at_5']:.1f} | {row['exact_match']:.1f} |"
+            for row in ablations
+        ),
+        "",
+        "Zero-shot recall@5: the pre-trained embedder encodes each held-out test question, before any fine-tuning, and "
+        "the question counts when one of its top 5 blocks holds an answer (the paper's retrieval recall of Table 2). "
+        f"REALM's is {realm_recall / ict_recall if ict_recall else float('inf'):.2f}x the ICT retriever's it started "
+        "from. Every row starts from the same ICT embedder and initial encoder and pre-trains (or not) for the same "
+        "steps; exact match is each row's towers fine-tuned the same way.",
         "",
         "## Open-QA on held-out entities",
         "",
@@ -459,28 +518,51 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
     embedder = stages.run("ICT warm start of the retriever", stages.ict, corpus)
     encoder = stages.initial_tower(corpus)
     pretraining = stages.run("REALM pre-training with async index refresh", stages.pretrain, corpus, embedder, encoder)
-    pretrained = stages.path("pretrain")
-    realm = stages.run("open-QA fine-tuning (REALM)", stages.finetune, "realm", pretrained / "embedder",
-                       pretrained / "encoder")  # fmt: skip
-    baseline = stages.run(
-        "open-QA fine-tuning (no pre-training)", stages.finetune, "no-pretraining", embedder, encoder
+    # Table 2's ablations that apply here, from the same ICT embedder and initial encoder with the same steps.
+    for name, (folder, mode, spans) in PRETRAINING_ABLATIONS.items():
+        stages.run(f"REALM pre-training ablation: {name}", stages.pretrain, corpus, embedder, encoder, mode, folder,
+                   spans=spans)  # fmt: skip
+    starts = {"realm": stages.path("pretrain"), "no_realm_pretraining": None}
+    starts.update({name: stages.path(folder) for name, (folder, _, _) in PRETRAINING_ABLATIONS.items()})
+    towers = {
+        name: (embedder, encoder) if folder is None else (folder / "embedder", folder / "encoder")
+        for name, folder in starts.items()
+    }
+    zero_shot = stages.run(
+        "zero-shot retrieval recall@5", lambda: {name: stages.zero_shot_recall(*pair) for name, pair in towers.items()}
     )
-    runs = stages.run("evaluation on held-out entities", stages.evaluate, {"realm": realm, "no-pretraining": baseline})
+    models = {
+        RUN_NAMES[name]: stages.run(f"open-QA fine-tuning ({name})", stages.finetune, RUN_NAMES[name], *pair)
+        for name, pair in towers.items()
+    }
+    runs = stages.run("evaluation on held-out entities", stages.evaluate, models)
+    realm = models["realm"]
     stages.model_card(realm, stages.path("results-realm.json"))
     demo = stages.run("answers through the pipeline", stages.demo, realm)
-    plot_pretraining(pretraining["history"], output / "figure_pretraining.png")
+    history = pretraining["history"]
+    plot_pretraining(history, output / "figure_pretraining.png")
     plot_comparison(runs, output / "figure_comparison.png")
+    ablations = [
+        {"name": name, "zero_shot_recall_at_5": zero_shot[name], "exact_match": runs[RUN_NAMES[name]]["exact_match"]}
+        for name in towers
+    ]
     results = {
         "preset": preset,
         "settings": asdict(PRESETS[preset]),
         "seed": seed,
         "timings_s": stages.timings,
-        "pretraining": pretraining["history"],
+        "pretraining": history,
+        "pretraining_curve": {
+            "step": [entry["step"] for entry in history],
+            "retrieval_utility": [entry["eval_retrieval_utility"] for entry in history],
+            "recall_at_5": [100.0 * entry["eval_recall@5"] for entry in history],
+        },
+        "ablations": ablations,
         "open_qa": runs,
         "demo": demo,
     }
     (output / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    report = write_report(output, preset, stages, pretraining["history"], runs, demo)
+    report = write_report(output, preset, stages, history, runs, demo, ablations)
     print(f"\nquickstart: done in {sum(stages.timings.values()):.0f} s. Report: {report}; model: {realm}")
     return results
 
