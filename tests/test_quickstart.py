@@ -1,4 +1,4 @@
-"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 3 minutes).
+"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 9 minutes).
 
 The default preset, not the small one: at the small preset's size the held-out exact match of either model rests on a
 handful of questions and swings with the timing of the asynchronous index swaps."""
