@@ -1,7 +1,7 @@
-"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 9 minutes).
+"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 10 minutes).
 
-The default preset, not the small one: at the small preset's size the held-out exact match of either model rests on a
-handful of questions and swings with the timing of the asynchronous index swaps."""
+The default preset, not the small one: the small preset's steps are too few for REALM pre-training to move the
+retriever, and the assertions below are what the default preset shows (issue 14)."""
 
 import json
 from pathlib import Path
@@ -29,8 +29,8 @@ def results(run) -> dict:
 
 def test_realm_pretraining_beats_the_no_pretraining_baseline_on_held_out_entities(results):
     realm, baseline = results["open_qa"]["realm"], results["open_qa"]["no-pretraining"]
-    assert realm["count"] == baseline["count"] > 200
-    # Towers of three runs on 2 CPU cores, fine-tuned at lr 2e-4: 20.8, 20.0, 18.8 against 14.6 (README).
+    assert realm["count"] == baseline["count"] > 80
+    # Seed 0 on 2 CPU cores: 30.4 against 26.1 (benchmarks/RESULTS.md, issue 14).
     assert realm["exact_match"] >= baseline["exact_match"] + 2.0
 
 
@@ -53,6 +53,12 @@ def test_report_shows_both_plots_and_every_stage(run, results):
         assert f"]({figure})" in report
         assert (run / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(results["timings_s"]) >= {"REALM pre-training with async index refresh", "answers through the pipeline"}
+
+
+def test_reading_warmup_taught_the_encoder_to_copy_from_a_stating_context(run):
+    history = json.loads((run / "reading-warmup" / "reading_warmup.json").read_text())["history"]
+    assert history[0]["accuracy"] < 0.05 and history[-1]["accuracy"] > 0.2  # seed 0: 0.000 -> 0.437
+    assert history[-1]["accuracy_irrelevant"] < 0.05  # it reads; it has not memorised the world
 
 
 def test_pretraining_refreshed_the_index_asynchronously(run):
@@ -79,6 +85,24 @@ def test_results_carry_table_2_rows_for_every_ablation(results):
         # Each row's exact match is its own fine-tuned model's, as in open_qa.
         run = {"realm": "realm", "no_realm_pretraining": "no-pretraining"}.get(name, name.replace("_", "-"))
         assert row["exact_match"] == results["open_qa"][run]["exact_match"]
+
+
+def test_realm_pretraining_raises_recall_on_the_fixed_masked_queries(results):
+    curve = results["pretraining_curve"]
+    # Figure 4 in direction. Seed 0: recall@5 23.1 -> 34.2, utility 2.32 -> 1.53 nats.
+    assert curve["recall_at_5"][-1] >= curve["recall_at_5"][0] + 5.0
+    assert curve["retrieval_utility"][-1] > 0.0
+
+
+def test_realm_pretraining_raises_zero_shot_recall_above_its_ict_start(results):
+    rows = {row["name"]: row["zero_shot_recall_at_5"] for row in results["ablations"]}
+    # Seed 0: REALM 54.3 against the ICT start's 45.7 (the issue's 1.5x is not reached: RESULTS.md).
+    assert rows["realm"] > rows["no_realm_pretraining"]
+
+
+def test_salient_span_masking_trains_the_retriever_better_than_random_spans(results):
+    rows = {row["name"]: row["zero_shot_recall_at_5"] for row in results["ablations"]}
+    assert rows["realm"] >= rows["random_span_masks"]  # seed 0: 54.3 against 41.3
 
 
 def test_pretraining_curve_is_figure_4_in_percent(results):
