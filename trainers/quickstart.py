@@ -201,23 +201,20 @@ class Stages:
         model = load("random", tokenizer, parse_config_overrides(self.preset.model), self.seed)
         return save_tower(model, self.path(f"initial-{tower}"), tokenizer)
 
-    def reading_warmup(self, world, corpus: Path) -> Path:
+    def reading_warmup(self, corpus: Path) -> Path:
         """The encoder's "BERT stage": a random encoder learns to copy a masked name from another article's statement
         of the same fact (names renamed in every example, so it reads rather than memorises), saved as
         OUTPUT/reading-warmup; every run's encoder starts there, as REALM's and ORQA's start from BERT."""
-        from transformers import AutoTokenizer
+        from openrealm.trainers import reading_warmup
 
-        from openrealm.trainers.ict import parse_config_overrides
-        from openrealm.trainers.reading_warmup import FactPairs, warm_up_reader
-        from openrealm.trainers.towers import load_encoder, save_tower
-
-        tokenizer = AutoTokenizer.from_pretrained(corpus)
-        encoder = load_encoder("random", tokenizer, parse_config_overrides(self.preset.model), self.seed)
-        history = warm_up_reader(
-            encoder, FactPairs(world, tokenizer), self.preset.reading_warmup_steps, seed=self.seed
-        )
-        summary = json.dumps({"steps": self.preset.reading_warmup_steps, "history": history}, indent=2) + "\n"
-        return save_tower(encoder, self.path("reading-warmup"), tokenizer, {"reading_warmup.json": summary})
+        parser = argparse.ArgumentParser()
+        reading_warmup.add_arguments(parser)
+        args = parser.parse_args([
+            "--world", str(self.path("world")), "--corpus", str(corpus), "--output", str(self.path("reading-warmup")),
+            "--config-overrides", self.preset.model, "--steps", str(self.preset.reading_warmup_steps),
+            "--seed", str(self.seed),
+        ])  # fmt: skip
+        return reading_warmup.run(args)
 
     def pretrain(
         self,
@@ -533,7 +530,7 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
     world = stages.run("world of fictional entities", stages.world)
     corpus = stages.run("vocabulary, blocks and salient spans", stages.corpus, world)
     embedder = stages.run("ICT warm start of the retriever", stages.ict, corpus)
-    encoder = stages.run("reading warm-up of the encoder", stages.reading_warmup, world, corpus)
+    encoder = stages.run("reading warm-up of the encoder", stages.reading_warmup, corpus)
     pretraining = stages.run("REALM pre-training with async index refresh", stages.pretrain, corpus, embedder, encoder)
     # Table 2's ablations that apply here, from the same ICT embedder and warmed-up encoder with the same steps.
     for name, (folder, mode, spans) in PRETRAINING_ABLATIONS.items():

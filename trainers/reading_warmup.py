@@ -43,8 +43,8 @@ class FactPairs:
     def __init__(self, world, tokenizer, irrelevant: float = 0.0, context_length: int = 60):
         if not 0.0 <= irrelevant <= 1.0:
             raise ValueError(f"irrelevant must be a fraction in [0, 1], got {irrelevant}")
-        self.tokenizer, self.irrelevant, self.context_length = tokenizer, irrelevant, context_length
-        self.articles = {article["title"]: article for article in world.articles}
+        self.world, self.tokenizer, self.irrelevant, self.context_length = world, tokenizer, irrelevant, context_length
+        self.articles = world.articles_by_title
         ids = {i for entity in world.entities for i in self.ids(entity["name"])}
         self.name_ids = sorted(ids - set(tokenizer.convert_tokens_to_ids(list(NAME_WORDS))))
         pairs = [(f, a, b) for f in world.facts for a in f["mentions"] for b in f["mentions"] if a != b]
@@ -57,27 +57,29 @@ class FactPairs:
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def sentence(self, title: str, index: int) -> str:
-        article = self.articles[title]
-        return article["text"][article["sentence_char_starts"][index] : article["sentence_char_ends"][index]]
-
     def context(self, title: str, index: int) -> list[int]:
         """The sentence and its neighbours in the article, grown alternately after and before, within the length."""
         count, low, high = len(self.articles[title]["sentence_char_starts"]), index, index
-        ids = self.ids(self.sentence(title, index))
+        ids = self.ids(self.world.sentence(title, index))
         grew = True
         while grew:
             grew = False
             for j in (high + 1, low - 1):
-                if 0 <= j < count and len(ids) + len(more := self.ids(self.sentence(title, j))) <= self.context_length:
+                if (
+                    0 <= j < count
+                    and len(ids) + len(more := self.ids(self.world.sentence(title, j))) <= self.context_length
+                ):
                     ids = ids + more if j > high else more + ids
                     low, high, grew = min(low, j), max(high, j), True
         return ids
 
-    def example(self, pair, rng: random.Random) -> tuple[list[int], list[int], list[int]]:
-        """(input_ids, labels, token_type_ids): [CLS] masked sentence [SEP] context [SEP], names renamed."""
+    def example(
+        self, pair, rng: random.Random, irrelevant: float | None = None
+    ) -> tuple[list[int], list[int], list[int]]:
+        """(input_ids, labels, token_type_ids): [CLS] masked sentence [SEP] context [SEP], names renamed; the context
+        comes from a random article with probability `irrelevant` (default: the one given at construction)."""
         fact, mention, other = pair
-        text = self.sentence(mention["title"], mention["sentence_index"])
+        text = self.world.sentence(mention["title"], mention["sentence_index"])
         target = fact["value"] if rng.random() < 0.5 else fact["subject"]
         if target not in text:
             target = fact["subject"] if target == fact["value"] else fact["value"]
@@ -86,7 +88,7 @@ class FactPairs:
         tok = self.tokenizer
         query = [tok.cls_token_id, *before, *[tok.mask_token_id] * len(span), *after, tok.sep_token_id]
         labels = [-100] * (1 + len(before)) + span + [-100] * (len(after) + 1)
-        if rng.random() < self.irrelevant:
+        if rng.random() < (self.irrelevant if irrelevant is None else irrelevant):
             title = rng.choice(list(self.articles))
             context = self.context(title, rng.randrange(len(self.articles[title]["sentence_char_starts"])))
         else:
@@ -129,13 +131,11 @@ def reading_accuracy(encoder, data: FactPairs) -> dict[str, float]:
     encoder.eval()
     results = {}
     for name, irrelevant in (("accuracy", 0.0), ("accuracy_irrelevant", 1.0)):
-        kept, data.irrelevant = data.irrelevant, irrelevant
         rng, correct = random.Random(5), 0
         for start in range(0, len(data.test), 50):
-            batch = collate([data.example(pair, rng) for pair in data.test[start : start + 50]])
+            batch = collate([data.example(pair, rng, irrelevant) for pair in data.test[start : start + 50]])
             predicted, labels = mlm_logits(encoder, batch).argmax(-1), batch["labels"]
             correct += sum(bool((p[m] == t[m]).all()) for p, t, m in zip(predicted, labels, labels != -100))
-        data.irrelevant = kept
         results[name] = correct / len(data.test)
     encoder.train(was_training)
     return results

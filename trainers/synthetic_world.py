@@ -26,6 +26,7 @@ import re
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from openrealm.file_utils import atomic_directory
 
@@ -212,7 +213,7 @@ class World:
 
     def sentence(self, title: str, index: int) -> str:
         """The text of sentence `index` of article `title`."""
-        article = self._articles_by_title()[title]
+        article = self.articles_by_title[title]
         return article["text"][article["sentence_char_starts"][index] : article["sentence_char_ends"][index]]
 
     def span_annotator(self) -> WorldSpanAnnotator:
@@ -275,7 +276,9 @@ class World:
             questions=questions,
         )
 
-    def _articles_by_title(self) -> dict[str, dict]:
+    @cached_property
+    def articles_by_title(self) -> dict[str, dict]:
+        """{title: article}, built once: sentence() is called per training example by the reading warm-up."""
         return {article["title"]: article for article in self.articles}
 
 
