@@ -22,6 +22,7 @@ import pickletools
 import shutil
 import struct
 import tempfile
+import tokenize
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
@@ -482,7 +483,7 @@ def _read_npy_header(path: str, file: BinaryIO) -> int:
             raise LegacyBlockRecordsError(f"{path} has .npy format version {version}, expected 1.0 or 2.0")
     except LegacyBlockRecordsError:
         raise
-    except (ValueError, SyntaxError, TypeError, EOFError) as e:
+    except (ValueError, SyntaxError, TypeError, EOFError, tokenize.TokenError) as e:  # numpy tokenizes old headers
         raise LegacyBlockRecordsError(f"{path} is not a readable .npy file: {e}") from None
     if dtype != np.dtype(object):
         raise LegacyBlockRecordsError(

@@ -39,7 +39,7 @@ FAISS_INDEX_NAME = "faiss.index"
 FORMAT_VERSION = 1
 _GPU_MAX_K = 2048  # faiss GPU indexes return at most 2048 neighbours per query
 
-# Parameters each index type accepts (all ints). None = filled in by _resolve_params from the data size, except
+# Parameters each index type accepts (all ints). None = filled in by resolve_index_params from the data size, except
 # chunk_size, which stays unset and is picked per device at search time (default_chunk_size).
 _PARAM_DEFAULTS = {
     "exact": {"chunk_size": None},
@@ -189,7 +189,7 @@ class RealmBlockIndex:
             raise ValueError(f"block_emb must be a 2-D float array [num_blocks, dim], got {shape}")
         block_emb = block_emb.detach().contiguous()
         _check_finite(block_emb)
-        params = _resolve_params(index_type, block_emb.shape[0], block_emb.shape[1], params)
+        params = resolve_index_params(index_type, block_emb.shape[0], block_emb.shape[1], params)
         faiss_index = None if index_type == "exact" else _build_faiss(block_emb, index_type, params)
         return cls(block_emb, index_type=index_type, version=version, faiss_index=faiss_index, params=params)
 
@@ -419,8 +419,15 @@ def _check_finite_once(block_emb: torch.Tensor, path: Path) -> None:
         _FINITE_CHECKED.add(key)
 
 
-def _resolve_params(index_type: str, num_blocks: int, dim: int, params: dict) -> dict:
-    """Check user params against the type's accepted ones and fill the data-dependent defaults."""
+def resolve_index_params(index_type: str, num_blocks: int, dim: int, params: dict) -> dict:
+    """Check user params against the type's accepted ones and fill the data-dependent defaults -> the build's params.
+
+    Needs only the corpus size and the embedding width, so a job can refuse bad parameters before it embeds every
+    block (hours on Wikipedia) rather than after."""
+    if index_type not in INDEX_TYPES:
+        raise ValueError(f"unknown index_type '{index_type}', expected one of {INDEX_TYPES}")
+    if index_type != "exact":
+        _require_faiss(index_type)
     defaults = _PARAM_DEFAULTS[index_type]
     unknown = sorted(set(params) - set(defaults))
     if unknown:

@@ -487,6 +487,19 @@ def test_legacy_error_is_a_value_error(tmp_path):
         read_legacy_block_records(path)
 
 
+@pytest.mark.parametrize(
+    "header",
+    [b"{'descr': '|O', 'fortran_order': False, 'shape': (3,), 'x': " + b"'" * 3, b"{'descr': '|O', 'shape': (3L,"],
+)
+def test_legacy_npy_header_that_does_not_tokenize_is_named_as_unreadable(tmp_path, header):
+    # numpy's parser tokenizes an old-style header: an unterminated string or bracket raised tokenize.TokenError.
+    padded = header + b" " * ((64 - (10 + len(header) + 1) % 64) % 64) + b"\n"
+    path = tmp_path / "block_records.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(padded).to_bytes(2, "little") + padded)
+    with pytest.raises(LegacyBlockRecordsError, match=rf"{path} is not a readable .npy file"):
+        read_legacy_block_records(path)
+
+
 def test_convert_legacy_gives_equal_records_with_empty_titles(tmp_path):
     elements = [b"one", "t\u00e9l\u00e9phone".encode(), b"", b"last"]
     npy = save_legacy(tmp_path / "block_records.npy", object_array(elements))

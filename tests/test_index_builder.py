@@ -217,6 +217,23 @@ def test_embedder_of_another_dimension_than_the_existing_index_is_refused(corpus
         build_index(tiny_embedder(retriever_proj_size=8), corpus, root, progress=False)
 
 
+@pytest.mark.parametrize(
+    "index_type, params, problem",
+    [("ivf", {"nprobe": -1}, "nprobe .* must be a positive int"), ("hnsw", {"nlist": 4}, "unknown parameters"),
+     ("ivf", {"nlist": 100}, "nlist=100 exceeds"), ("annoy", {}, "unknown index_type 'annoy'")],
+)  # fmt: skip
+def test_bad_index_parameters_are_refused_before_any_block_is_embedded(corpus, tmp_path, monkeypatch, index_type,
+                                                                       params, problem):  # fmt: skip
+    def embed_blocks(*args, **kwargs):
+        raise AssertionError("embedded the corpus before checking the index parameters")
+
+    monkeypatch.setattr(index_builder, "embed_blocks", embed_blocks)
+    with pytest.raises(ValueError, match=problem):
+        build_index(tiny_embedder(), corpus, tmp_path / "index", index_type=index_type, index_params=params,
+                    progress=False)  # fmt: skip
+    assert not (tmp_path / "index").exists()
+
+
 def test_corpus_ids_outside_the_embedder_vocabulary_are_refused(corpus, tmp_path):
     with pytest.raises(ValueError, match=f"{corpus}.*vocabulary of 20"):
         build_index(tiny_embedder(vocab_size=20), corpus, tmp_path / "index", progress=False)

@@ -179,6 +179,41 @@ def test_async_build_runs_in_another_process_without_blocking_the_steps(corpus, 
     callback.close()
 
 
+def test_lagged_async_refresh_waits_for_a_slow_build_at_exactly_snapshot_plus_lag(corpus, tmp_path):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2, lag=3)
+    callback.builder_command = sleeping_builder(callback, 1.0)
+    steps = Steps(callback, embedder)
+    for _ in range(6):
+        steps.step()
+    # Snapshot at the end of step 2; the build (>= 1 s) was still running at the boundary after step 5, where the
+    # trainer waited for it instead of going on with the old index.
+    assert steps.version_changed_at == [("begin", 5)]
+    assert [(s["step"], s["version"], s["snapshot_step"]) for s in callback.swaps] == [(5, 1, 2)]
+    assert callback.swaps[0]["stall_seconds"] > 0.5 and max(steps.begin_seconds[:5]) < 0.5
+    callback.close()
+
+
+def test_lagged_async_refresh_holds_a_finished_build_until_its_step(corpus, tmp_path):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2, lag=40)
+    steps = Steps(callback, embedder)
+    steps.step()
+    steps.step()  # the build of the step-2 snapshot starts
+    callback.builder_process(timeout=30).wait(timeout=BUILD_TIMEOUT)
+    for _ in range(41):
+        steps.step(0.01)
+    # Built long before, swapped in exactly 40 steps after its snapshot; the next build starts on the following step
+    # end, as none may start while one waits.
+    assert [(s["step"], s["version"], s["snapshot_step"]) for s in callback.swaps] == [(42, 1, 2)]
+    assert callback.builds_started == 2 and examples.index.version == 1
+    callback.close()
+
+
+@pytest.mark.parametrize("mode, lag", [("sync", 2), ("off", 2), ("async", 0)])
+def test_refresh_lag_is_refused_outside_the_async_mode_or_below_one_step(corpus, tmp_path, mode, lag):
+    with pytest.raises(ValueError, match="lag is a positive number of steps of the async mode"):
+        setup_refresh(corpus, tmp_path / "index", mode, lag=lag)
+
+
 def test_snapshot_from_reused_clones_holds_the_values_of_the_latest_clone(corpus):
     embedder = tiny_embedder(AutoTokenizer.from_pretrained(corpus))
     first = clone_tensors(embedder)
@@ -374,6 +409,13 @@ def test_pretraining_refuses_a_corpus_without_any_salient_span_naming_the_counts
     for flag in ("--spans spacy", "--spans MODEL", "--spans random_span", "--spans random_token"):
         assert flag in error, flag
     assert not output.exists()  # refused before any index was built
+
+
+def test_pretraining_refuses_a_refresh_lag_without_async_refresh_before_building_anything(corpus, tmp_path, capsys):
+    output = tmp_path / "out"
+    assert pretrain.main(pretrain_argv(corpus, output, "--max-steps", "2", "--refresh-lag", "5")) == 2
+    assert "--refresh-lag 5 with --refresh-mode off" in capsys.readouterr().err
+    assert not output.exists()
 
 
 def test_random_span_masking_trains_on_a_corpus_without_spans(corpus, tmp_path):

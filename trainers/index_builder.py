@@ -49,7 +49,7 @@ import torch
 
 from openrealm import RealmBlockIndex
 from openrealm.file_utils import apply_umask_modes
-from openrealm.index_realm import INDEX_TYPES
+from openrealm.index_realm import INDEX_TYPES, resolve_index_params
 from openrealm.tokenization.corpus import batch_retriever_inputs, load_corpus, read_corpus_config
 from openrealm.trainers.towers import check_corpus_ids, fit_length, load_embedder
 
@@ -422,6 +422,7 @@ def build_index(
             f"the embedder {embedder_name} makes {dim}-d embeddings but the existing index {previous[0]} is "
             f"{previous[1].get('dim')}-d: a retriever cannot swap between them; write to a new --output folder"
         )
+    resolve_index_params(index_type, len(blocks), dim, index_params or {})  # refused now, not after embedding
     if version is None:
         version = previous[1]["version"] + 1 if previous is not None else 0
     if device is None:

@@ -492,6 +492,7 @@ def build_trainer(
         args.refresh_mode,
         snapshot_time=time.time(),
         builder_device=getattr(args, "builder_device", None),
+        lag=getattr(args, "refresh_lag", None),
         build_kwargs={
             "batch_size": args.index_batch_size,
             "max_length": getattr(args, "candidate_seq_len", CANDIDATE_SEQ_LEN),
@@ -592,6 +593,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (paper: 200000 at batch 512)")
     parser.add_argument("--refresh-every", type=int, required=True, help="index refresh period in steps (paper ~500)")
     parser.add_argument("--refresh-mode", choices=MODES, default="async", help="async (default), sync or off")
+    parser.add_argument(
+        "--refresh-lag",
+        type=int,
+        default=None,
+        help="async: swap each new index in exactly this many steps after its snapshot, waiting then if the build has "
+        "not ended: a seeded run is reproducible (default: as soon as built, as REALM)",
+    )
     parser.add_argument("--index", default=None, help="existing index root built from --embedder (default: build v0)")
     parser.add_argument("--index-root", default=None, help="where index versions go (default OUTPUT/index)")
     parser.add_argument("--index-batch-size", type=int, default=128, help="blocks per forward pass when indexing")
@@ -644,6 +652,14 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     OUTPUT/pretraining.json."""
     from transformers import AutoTokenizer
 
+    lag = getattr(args, "refresh_lag", None)
+    if lag is not None and (args.refresh_mode != "async" or lag < 1):
+        print(
+            f"openrealm train pretrain: --refresh-lag is a positive number of steps of --refresh-mode async, got "
+            f"--refresh-lag {lag} with --refresh-mode {args.refresh_mode}",
+            file=sys.stderr,
+        )
+        return 2
     state = distributed_state()
     world = state.num_processes
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
@@ -699,6 +715,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             "learning_rate": args.learning_rate,
             "refresh_mode": args.refresh_mode,
             "refresh_every": args.refresh_every,
+            "refresh_lag": lag,
             "num_candidates": args.num_candidates,
             "spans": args.spans,
             "seed": args.seed,

@@ -11,7 +11,9 @@ index) of a `RealmPretrainingExamples` up to date with the training embedder:
   (`on_step_begin`) the builder is polled; once it has exited 0 the new index (memory-mapped) and the saved snapshot
   are loaded on the background thread, and at the first step boundary after that they replace the old pair together;
   when the build fails, its log tail is reported, the old index stays, and the next step end starts a new build from a
-  fresh snapshot.
+  fresh snapshot. With `lag=L` a build is swapped in exactly L steps after its snapshot instead (the trainer waits at
+  that step boundary when the build has not ended; a build ready earlier waits its turn): the builder still runs while
+  the trainer trains, but which step sees which index no longer depends on timing, so a seeded run is reproducible.
 - `mode="sync"`: every `refresh_every` steps the index is rebuilt (the trainer stalls for the whole build; with several
   processes each embeds its share of the blocks) and swapped at once: no staleness beyond `refresh_every`, useful as
   the reference for async.
@@ -75,6 +77,7 @@ MODES = ("async", "sync", "off")
 KEEP_VERSIONS = 3  # Google's refresher keeps the newest 3 encoded exports
 SNAPSHOTS_DIR = ".snapshots"
 LOG_TAIL_CHARS = 2000
+LAG_POLL_SECONDS = 0.02  # how often a run waiting for a lagged build looks again
 # A builder process must not join the trainer's torch.distributed job (it is one process on its own).
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -182,6 +185,8 @@ class IndexRefreshCallback(TrainerCallback):
     builder_command: (snapshot folder, version) -> argv of the async builder; default `index_builder_command`.
     build_kwargs: extra keyword arguments of `build_index` (sync) / options of the builder (async): index_type,
     batch_size, max_length.
+    lag: async only: swap each build in exactly `lag` steps after its snapshot, waiting for it then if needed (a
+    reproducible run); None (default, as Google): at the first step boundary after the build has ended.
     """
 
     def __init__(
@@ -199,11 +204,15 @@ class IndexRefreshCallback(TrainerCallback):
         builder_device: str | None = None,
         builder_command: BuilderCommand | None = None,
         build_kwargs: dict | None = None,
+        lag: int | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
         if mode != "off" and refresh_every < 1:
             raise ValueError(f"refresh_every must be a positive number of steps, got {refresh_every}")
+        if lag is not None and (mode != "async" or lag < 1):
+            raise ValueError(f"lag is a positive number of steps of the async mode, got lag={lag} with mode={mode!r}")
+        self.lag = lag
         self.examples = examples
         self.corpus_dir = Path(corpus_dir).absolute()
         self.index_root = Path(index_root).absolute()
@@ -421,33 +430,42 @@ class IndexRefreshCallback(TrainerCallback):
         return build["start"].result(timeout=timeout) if build is not None else None
 
     def poll(self, global_step: int) -> bool:
-        """The swap decision at a step boundary, without waiting for a build. True when a swap happened.
+        """The swap decision at a step boundary. True when a swap happened.
 
         The main process checks its builder; once it has exited 0, every process loads the new version (index,
         memory-mapped, and the query embedder snapshot) on a background thread; the processes swap at the first step
-        boundary where all of them have it loaded. The state is all-reduced (MAX) over the processes at every boundary,
-        so every rank takes the same decision at the same step."""
+        boundary where all of them have it loaded (with `lag`: at the boundary `lag` steps after the snapshot, waiting
+        there until the build has ended and every process has it loaded). The state is all-reduced (MAX) over the
+        processes at every boundary, so every rank takes the same decision at the same step."""
+        started = time.perf_counter()
+        while True:
+            swapped, waiting = self._poll_once(global_step, started)
+            if swapped or not waiting:
+                return swapped
+            time.sleep(LAG_POLL_SECONDS)
+
+    def _poll_once(self, global_step: int, started: float) -> tuple[bool, bool]:
+        """One look at the build: (swapped, the run must wait for this build before the step)."""
         rank, world = _rank_and_world()
         if rank == 0 and self._build is not None and self._pending is None:
             self._check_build(global_step)
-        announced, snapshot_step, snapshot_time, ready, failed = self._exchange(world)
+        announced, snapshot_step, snapshot_time, ready, failed, waiting = self._exchange(world, global_step)
         if failed:
             self._drop_pending(global_step, "loading the new index version failed on some process")
-            return False
+            return False, False
         if announced < 0:
-            return False
+            return False, waiting
         if self._pending is None or self._pending["version"] != announced or "load" not in self._pending:
             self._pending = self._load_pending(int(announced), int(snapshot_step), snapshot_time)
-            return False
-        if ready != announced:
-            return False
-        started = time.perf_counter()
+            return False, waiting
+        if ready != announced or (self.lag is not None and not waiting):
+            return False, waiting
         pending, self._pending = self._pending, None
         snapshot, index = pending["load"].result()
         self._swap(snapshot, index, global_step, pending["step"], pending["time"], started)
         if rank == 0:  # deleting folders takes time on a loaded machine: off the training thread too
             self._background().submit(self._prune_after_swap)
-        return True
+        return True, False
 
     def _prune_after_swap(self) -> None:
         self.prune_versions()
@@ -472,8 +490,14 @@ class IndexRefreshCallback(TrainerCallback):
             return
         self._pending = {"version": build["version"], "step": build["step"], "time": build["time"], "announced": True}
 
-    def _exchange(self, world: int) -> tuple[float, float, float, float, bool]:
-        """(announced version, its snapshot step and time, version every rank has loaded, a load failed), all-reduced.
+    def _lag_due(self, global_step: int) -> bool:
+        """(main process) With `lag`: the build running or loading is due to be swapped in at this step."""
+        build = self._build or self._pending
+        return self.lag is not None and build is not None and global_step >= build["step"] + self.lag
+
+    def _exchange(self, world: int, global_step: int) -> tuple[float, float, float, float, bool, bool]:
+        """(announced version, its snapshot step and time, version every rank has loaded, a load failed, the build is
+        due under `lag`), all-reduced.
 
         One float64 vector, MAX-reduced: the main process announces (others send -1); readiness is reduced as
         -min(ready) = max(-ready) so the swap waits for the slowest rank."""
@@ -489,13 +513,14 @@ class IndexRefreshCallback(TrainerCallback):
             pending["time"] if announced >= 0 else -1,
             -ready,
             float(failed),
+            float(_rank_and_world()[0] == 0 and self._lag_due(global_step)),
         ]
         if world == 1:
-            return local[0], local[1], local[2], -local[3], bool(local[4])
+            return local[0], local[1], local[2], -local[3], bool(local[4]), bool(local[5])
         values = torch.tensor(local, dtype=torch.float64)
         torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX, group=self._group_or_world())
-        announced, snapshot_step, snapshot_time, minus_ready, failed = values.tolist()
-        return announced, snapshot_step, snapshot_time, -minus_ready, bool(failed)
+        announced, snapshot_step, snapshot_time, minus_ready, failed, waiting = values.tolist()
+        return announced, snapshot_step, snapshot_time, -minus_ready, bool(failed), bool(waiting)
 
     def _load_pending(self, version: int, snapshot_step: int, snapshot_time: float) -> dict:
         """Start loading an announced version on the background thread: its index (memory-mapped) and its query
@@ -627,6 +652,7 @@ class IndexRefreshCallback(TrainerCallback):
             "last_build_step": self.snapshot_step if self.building else self.last_build_step,
             "mode": self.mode,
             "refresh_every": self.refresh_every,
+            "lag": self.lag,
             "builds_started": self.builds_started,
             "builds_failed": self.builds_failed,
         }
