@@ -449,7 +449,7 @@ class IndexRefreshCallback(TrainerCallback):
         rank, world = _rank_and_world()
         if rank == 0 and self._build is not None and self._pending is None:
             self._check_build(global_step)
-        announced, snapshot_step, snapshot_time, ready, failed, waiting = self._exchange(world, global_step)
+        announced, snapshot_step, snapshot_time, ready, failed, waiting = self._exchange(rank, world, global_step)
         if failed:
             self._drop_pending(global_step, "loading the new index version failed on some process")
             return False, False
@@ -495,7 +495,7 @@ class IndexRefreshCallback(TrainerCallback):
         build = self._build or self._pending
         return self.lag is not None and build is not None and global_step >= build["step"] + self.lag
 
-    def _exchange(self, world: int, global_step: int) -> tuple[float, float, float, float, bool, bool]:
+    def _exchange(self, rank: int, world: int, global_step: int) -> tuple[float, float, float, float, bool, bool]:
         """(announced version, its snapshot step and time, version every rank has loaded, a load failed, the build is
         due under `lag`), all-reduced.
 
@@ -513,7 +513,7 @@ class IndexRefreshCallback(TrainerCallback):
             pending["time"] if announced >= 0 else -1,
             -ready,
             float(failed),
-            float(_rank_and_world()[0] == 0 and self._lag_due(global_step)),
+            float(rank == 0 and self._lag_due(global_step)),
         ]
         if world == 1:
             return local[0], local[1], local[2], -local[3], bool(local[4]), bool(local[5])
