@@ -2,11 +2,19 @@
 gets the permissions the user's umask gives (not the private 0700 / 0600 of tempfile.mkdtemp and some writers)."""
 
 import contextlib
+import ctypes
+import errno
+import hashlib
+import logging
 import os
+import re
 import shutil
+import socket
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+
+logger = logging.getLogger(__name__)
 
 
 def current_umask() -> int:
@@ -54,10 +62,12 @@ def check_replaceable(
     destination: str | os.PathLike,
     overwrite: bool = False,
     replaceable: Callable[[str], str | None] | None = None,
+    inputs: Iterable[str | os.PathLike] = (),
 ) -> None:
     """Raise unless atomic_directory(destination, overwrite, replaceable) may write `destination`: an existing one
-    only with overwrite, never one that is or holds the working directory, and, when not empty, only one that
-    `replaceable(destination)` accepts (it returns None, else the reason, raised as FileExistsError)."""
+    only with overwrite, never one that is or holds the working directory or one of `inputs` (replacing it would
+    delete them), and, when not empty, only one that `replaceable(destination)` accepts (it returns None, else the
+    reason, raised as FileExistsError)."""
     destination = os.path.abspath(os.fspath(destination))
     if not os.path.lexists(destination):
         return
@@ -65,10 +75,158 @@ def check_replaceable(
         raise FileExistsError(f"{destination} already exists; choose another folder or pass overwrite=True.")
     if path_within(os.getcwd(), destination):
         raise ValueError(f"Refusing to replace {destination}: it is or holds the working directory.")
+    for path in inputs:
+        if path_within(path, destination):
+            raise FileExistsError(
+                f"The input {path} lies inside {destination}, which replacing would delete; move the input out or "
+                "choose another folder."
+            )
     if replaceable is not None and not (os.path.isdir(destination) and not os.listdir(destination)):
         reason = replaceable(destination)
         if reason is not None:
             raise FileExistsError(f"Refusing to replace {destination}: {reason}")
+
+
+# Staging and retired folders are named after the destination, this machine and the writing process, so that the
+# leftovers of a crashed writer can be told from the work of a live one: ".NAME.saving-HOST-PID-RANDOM".
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>saving|replaced)-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[^.]+$")
+
+
+def _host_tag() -> str:
+    return hashlib.sha1(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def staging_folder(destination: str | os.PathLike, kind: str = "saving") -> str:
+    """A new empty sibling folder of `destination` to write into before it replaces `destination` by rename (same
+    file system, so the rename is one step). Its name tells clean_leftovers which crashed writer left it."""
+    destination = os.path.abspath(os.fspath(destination))
+    parent, name = os.path.split(destination)
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f".{name}.{kind}-{_host_tag()}-{os.getpid()}-", dir=parent)
+
+
+def clean_leftovers(destination: str | os.PathLike) -> list[str]:
+    """Remove what crashed writers of `destination` left beside it (staging folders, a retired old version) and
+    return their paths. A retired version is put back first when `destination` itself is missing: a writer that
+    died between its two renames (only where one-step exchange is unavailable) loses nothing. Folders of live
+    writers, and of writers on other machines sharing the file system, are left alone."""
+    destination = os.path.abspath(os.fspath(destination))
+    parent, name = os.path.split(destination)
+    try:
+        entries = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    host, removed = _host_tag(), []
+    for entry in entries:
+        match = _LEFTOVER.match(entry)
+        if match is None or match["name"] != name or match["host"] != host or _process_alive(int(match["pid"])):
+            continue
+        path = os.path.join(parent, entry)
+        if match["kind"] == "replaced" and not os.path.lexists(destination):
+            os.replace(path, destination)
+            logger.warning("Restored %s from %s, left by a writer that crashed while replacing it.", destination, path)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    if removed:
+        logger.warning("Removed %d leftover(s) of crashed writes of %s: %s", len(removed), destination, removed)
+    return removed
+
+
+def exchange_paths(first: str | os.PathLike, second: str | os.PathLike) -> bool:
+    """Swap two paths in one step (Linux renameat2 with RENAME_EXCHANGE): at every moment each name holds one whole
+    version. Returns False, changing nothing, where the system or file system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(error, os.strerror(error), os.fspath(second))
+
+
+def _link_tree(source: str, target: str) -> None:
+    """Put `source` (file, folder or symbolic link) at `target` without copying data where a hard link can share it."""
+    if os.path.islink(source):
+        os.symlink(os.readlink(source), target)
+    elif os.path.isdir(source):
+        shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy2)
+    else:
+        _link_or_copy2(source, target)
+
+
+def _link_or_copy2(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def replace_folder(
+    staging: str | os.PathLike, destination: str | os.PathLike, keep: Callable[[str], bool] | None = None
+) -> None:
+    """Make the finished `staging` folder the folder `destination`, all at once as a reader sees it: a loader finds
+    either the whole old version or the whole new one, never new weights beside an old index.
+
+    keep(name) chooses entries of the old `destination` (by name, top level) that `staging` lacks to carry into the
+    new version, hard-linked (no data copied): e.g. a model card, checkpoints or an index beside saved weights. Then
+    the two folders are exchanged in one rename (renameat2) where the system can; elsewhere the old one is renamed
+    aside and the new one into place, and clean_leftovers repairs a crash between the two. The one case that cannot
+    be all-or-nothing is a destination holding the working directory (exchanging it would leave the process in the
+    deleted old version): there each entry replaces its namesake by rename, one at a time."""
+    staging, destination = os.path.abspath(os.fspath(staging)), os.path.abspath(os.fspath(destination))
+    clean_leftovers(destination)
+    if os.path.isdir(destination) and not os.path.islink(destination) and keep is not None:
+        for name in os.listdir(destination):
+            if not os.path.lexists(os.path.join(staging, name)) and keep(name):
+                _link_tree(os.path.join(destination, name), os.path.join(staging, name))
+    if not os.path.lexists(destination):
+        os.replace(staging, destination)
+        return
+    if path_within(os.getcwd(), destination):
+        _move_entries(staging, destination)
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    if exchange_paths(staging, destination):
+        shutil.rmtree(staging, ignore_errors=True)  # now the old version
+        return
+    parent, name = os.path.split(destination)
+    retired = os.path.join(parent, os.path.basename(staging).replace(f".{name}.saving-", f".{name}.replaced-", 1))
+    os.replace(destination, retired)
+    try:
+        os.replace(staging, destination)
+    except BaseException:
+        os.replace(retired, destination)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _move_entries(staging: str, directory: str) -> None:
+    """Each entry of staging replaces its namesake in directory by rename (a folder by exchange where possible)."""
+    for name in os.listdir(staging):
+        source, target = os.path.join(staging, name), os.path.join(directory, name)
+        if os.path.isdir(source) and os.path.isdir(target) and not os.path.islink(target):
+            if exchange_paths(source, target):
+                shutil.rmtree(source)  # now the old version
+                continue
+            shutil.rmtree(target)
+        os.replace(source, target)
 
 
 @contextlib.contextmanager
@@ -76,30 +234,50 @@ def atomic_directory(
     destination: str | os.PathLike,
     overwrite: bool = False,
     replaceable: Callable[[str], str | None] | None = None,
+    keep: Callable[[str], bool] | None = None,
+    inputs: Iterable[str | os.PathLike] = (),
 ) -> Iterator[str]:
-    """Yield a temporary sibling folder to fill; on success it gets umask-derived modes and replaces `destination` by
-    rename (an existing folder only with overwrite=True, and only once the new one is complete); on failure it
-    vanishes.
+    """Yield a staging folder to fill; on success it gets umask-derived modes and replaces `destination` with
+    replace_folder (all at once; entries of the old folder that keep(name) accepts carried over); on failure it
+    vanishes. Leftovers of crashed earlier writes of `destination` are cleaned first.
 
-    What may be replaced: see check_replaceable (an existing folder holding the working directory never is)."""
+    What may be replaced: see check_replaceable, checked before and again after writing (the destination may have
+    appeared meanwhile). With `keep` the destination is updated rather than replaced, and is never refused. A failed
+    write leaves nothing behind, not even the parent folders it created."""
     destination = os.path.abspath(os.fspath(destination))
-    check_replaceable(destination, overwrite, replaceable)
-    parent = os.path.dirname(destination)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(destination)}-", dir=parent)
+    if keep is None:
+        check_replaceable(destination, overwrite, replaceable, inputs)
+    elif os.path.lexists(destination) and not os.path.isdir(destination):
+        raise NotADirectoryError(f"{destination} exists and is not a folder.")
+    clean_leftovers(destination)
+    created = []  # parent folders made for this write, innermost last: removed again if it fails
+    folder = os.path.dirname(destination)
+    while not os.path.isdir(folder):
+        created.insert(0, folder)
+        folder = os.path.dirname(folder)
+    staging = staging_folder(destination)
     try:
         yield staging
-        apply_umask_modes(staging)  # mkdtemp makes it private
-        retired = None
-        if os.path.lexists(destination):
-            retired = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
-            os.replace(destination, os.path.join(retired, "old"))
-        os.replace(staging, destination)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
+        if keep is None:
+            check_replaceable(destination, overwrite, replaceable, inputs)
+        apply_umask_modes(staging)  # mkdtemp makes it private, safetensors' writer 0600
+        replace_folder(staging, destination, keep)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        for parent in reversed(created):
+            with contextlib.suppress(OSError):  # only empty ones: another writer may have filled one meanwhile
+                os.rmdir(parent)
         raise
 
 
-__all__ = ["apply_umask_modes", "atomic_directory", "check_replaceable", "current_umask", "path_within"]
+__all__ = [
+    "apply_umask_modes",
+    "atomic_directory",
+    "check_replaceable",
+    "clean_leftovers",
+    "current_umask",
+    "exchange_paths",
+    "path_within",
+    "replace_folder",
+    "staging_folder",
+]

@@ -15,17 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import struct
-import tempfile
-import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from .file_utils import apply_umask_modes
+from .file_utils import atomic_directory
 
 try:
     import faiss
@@ -313,26 +310,13 @@ class RealmBlockIndex:
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Write index_config.json, block_emb.safetensors (+ faiss.index) to directory, atomically: everything is
-        written to a temporary sibling directory which then replaces directory in one rename."""
+        written to a staging sibling which then replaces directory in one step (file_utils.replace_folder). A folder
+        holding other files is refused: replacing it would delete them."""
         target = Path(directory).absolute()
-        if target.exists():
-            if not target.is_dir():
-                raise NotADirectoryError(f"cannot save index to {target}: it exists and is not a directory")
-            foreign = sorted(p.name for p in target.iterdir() if p.name not in _INDEX_FILES)
-            if foreign:  # replacing the directory would delete these
-                raise ValueError(
-                    f"refusing to replace {target}: it holds files that are not part of a block index {foreign}; "
-                    "save the index into its own (sub)directory"
-                )
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            self._write_files(tmp)
-            apply_umask_modes(tmp)  # mkdtemp's 0700: a shared index must be readable as any file the user writes
-            _replace_directory(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        if target.exists() and not target.is_dir():
+            raise NotADirectoryError(f"cannot save index to {target}: it exists and is not a directory")
+        with atomic_directory(target, overwrite=True, replaceable=_index_folder_problem) as staging:
+            self._write_files(Path(staging))
 
     def _write_files(self, directory: Path) -> None:
         config = {
@@ -489,19 +473,12 @@ def _build_faiss(block_emb: torch.Tensor, index_type: str, params: dict, add_chu
     return index
 
 
-def _replace_directory(new: Path, target: Path) -> None:
-    """Move the finished directory new to target; an existing target is set aside first, restored on failure."""
-    if not target.exists():
-        os.rename(new, target)
-        return
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(target, old)
-    try:
-        os.rename(new, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+def _index_folder_problem(folder: str) -> str | None:
+    """Why `folder` may not be replaced by a saved index (it holds files of something else), or None."""
+    foreign = sorted(name for name in os.listdir(folder) if name not in _INDEX_FILES)
+    if foreign:
+        return f"it holds files that are not part of a block index {foreign}; save the index into its own (sub)folder"
+    return None
 
 
 def _read_config(path: Path) -> dict:

@@ -15,7 +15,6 @@ import logging as stdlib_logging
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ from transformers.models.bert.modeling_bert import (
 from transformers.utils import ModelOutput, logging
 
 from .configuration_realm import RealmConfig
-from .file_utils import apply_umask_modes
+from .file_utils import atomic_directory
 from .index_realm import RealmBlockIndex
 from .retrieval_realm import RealmRetriever, load_legacy_block_emb, normalize_answer_ids
 
@@ -327,17 +326,18 @@ def use_fused_gelu_tanh(model: nn.Module) -> None:
                 setattr(module, attribute, GELUTanh())
 
 
-def move_into(staging: str, directory: str) -> None:
-    """Move every entry of staging into directory, each replacing its namesake by rename (folders are swapped)."""
-    for name in os.listdir(staging):
-        source, target = os.path.join(staging, name), os.path.join(directory, name)
-        if os.path.isdir(source) and os.path.exists(target):
-            retired = tempfile.mkdtemp(prefix=".replaced-", dir=directory)
-            os.replace(target, os.path.join(retired, name))
-            os.replace(source, target)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(source, target)
+# What a model's save writes into its folder: on a new save these are replaced or, when the new version lacks them
+# (other shards, no retriever), dropped, so that old shards or an old index never sit beside new weights. Every other
+# entry of the folder (a model card, checkpoints, notes, .git) is kept.
+_WRITTEN_BY_MODEL_SAVE = re.compile(
+    r"^(config\.json|generation_config\.json|pipeline_realm\.py|block_index|block_records\.(safetensors|npy)"
+    r"|(model|pytorch_model|tf_model|flax_model)[-.\w]*\.(safetensors|bin|h5|msgpack)(\.index\.json)?)$"
+)
+
+
+def kept_beside_model(name: str) -> bool:
+    """Whether an entry `name` of a model folder is kept by a new save into it (see replace_folder's keep)."""
+    return _WRITTEN_BY_MODEL_SAVE.match(name) is None
 
 
 def flatten_candidates(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -428,8 +428,10 @@ class RealmPreTrainedModel(PreTrainedModel):
                 raise
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """transformers' save_pretrained in REALM's key layout, made atomic: everything is written to a staging folder
-        beside save_directory and each file or folder then replaces its namesake by rename."""
+        """transformers' save_pretrained in REALM's key layout, all at once as a loader sees it: everything is written to
+        a staging folder beside save_directory, which then replaces it in one step (file_utils.replace_folder). Entries
+        of an existing folder that a save does not write (a model card, checkpoints) are kept; old weights, shards and
+        index are not."""
         if not kwargs.get("is_main_process", True):
             return super().save_pretrained(save_directory, *args, **kwargs)
         save_directory = os.path.abspath(os.fspath(save_directory))
@@ -438,15 +440,11 @@ class RealmPreTrainedModel(PreTrainedModel):
         # Always REALM's own layout: transformers would otherwise write the keys back as they were read (a model
         # started from a `bert.*` checkpoint would be saved under `bert.*` and reload with a random encoder).
         kwargs.setdefault("save_original_format", False)
-        os.makedirs(save_directory, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".saving-", dir=os.path.dirname(save_directory))
-        try:
+        if kwargs.get("push_to_hub"):  # transformers names the repo after the folder it writes: the staging one here
+            kwargs.setdefault("repo_id", os.path.basename(save_directory))
+        with atomic_directory(save_directory, keep=kept_beside_model) as staging:
             super().save_pretrained(staging, *args, **kwargs)
             self.save_extra_files(staging)
-            apply_umask_modes(staging)  # mkdtemp's 0700 and the 0600 of safetensors' writer would make it private
-            move_into(staging, save_directory)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
 
     def save_extra_files(self, save_directory: str) -> None:
         """Files a subclass saves beside weights and config (none by default)."""

@@ -30,7 +30,7 @@ from .block_records import (
     index_block_bytes,
     legacy_block_records_count,
 )
-from .file_utils import apply_umask_modes
+from .file_utils import apply_umask_modes, atomic_directory
 from .index_realm import RealmBlockIndex
 
 logger = logging.get_logger(__name__)
@@ -559,19 +559,19 @@ class RealmRetriever:
         return cls(records, tokenizer, index=index)
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Write block records, index and tokenizer into save_directory (each file atomically)."""
-        os.makedirs(save_directory, exist_ok=True)
-        target = os.path.join(save_directory, BLOCK_RECORDS_NAME)
-        source = getattr(self.block_records, "path", None)
-        if source is None:
-            BlockRecords.write(target, self.iter_records(), num_blocks_hint=len(self.block_records))
-        elif os.path.abspath(source) != os.path.abspath(target):
-            link_or_copy(source, target)
-        if self._index is not None:
-            index_directory = os.path.join(save_directory, BLOCK_INDEX_DIR)
-            self._index.save_pretrained(index_directory)
-            apply_umask_modes(index_directory)  # written through a mkdtemp staging folder: private otherwise
-        self.tokenizer.save_pretrained(save_directory)
+        """Write block records, index and tokenizer into save_directory, all at once as a loader sees it (staged, then
+        file_utils.replace_folder): records and index of one version are never beside those of another. Other entries
+        of the folder (e.g. a model's weights) are kept."""
+        with atomic_directory(save_directory, keep=_kept_beside_retriever) as staging:
+            target = os.path.join(staging, BLOCK_RECORDS_NAME)
+            source = getattr(self.block_records, "path", None)
+            if source is None:
+                BlockRecords.write(target, self.iter_records(), num_blocks_hint=len(self.block_records))
+            else:
+                link_or_copy(source, target)
+            if self._index is not None:
+                self._index.save_pretrained(os.path.join(staging, BLOCK_INDEX_DIR))
+            self.tokenizer.save_pretrained(staging)
 
     def iter_records(self, batch_size: int = 4096):
         """Yield (title, text) for every block, in block order."""
@@ -590,6 +590,11 @@ class RealmRetriever:
         with tempfile.TemporaryDirectory() as tmp:
             self.save_pretrained(tmp)
             return api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message, **kwargs)
+
+
+def _kept_beside_retriever(name: str) -> bool:
+    """Whether an entry of a folder survives a retriever's save into it: everything but records and index."""
+    return name not in (BLOCK_RECORDS_NAME, LEGACY_BLOCK_RECORDS_NAME, BLOCK_INDEX_DIR)
 
 
 def link_or_copy(source: str, target: str) -> None:

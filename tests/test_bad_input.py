@@ -3,6 +3,7 @@ reported as FILE, line N (1-based) with what is wrong and leaves nothing behind;
 what a build wrote; `openrealm evaluate` refuses bad flags before running; the CLI prints one line, not a traceback."""
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -166,7 +167,7 @@ def test_overwrite_refuses_a_corpus_folder_holding_files_it_did_not_write(tmp_pa
     source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
     build_corpus(source, tmp_path / "out", tokenizer)
     (tmp_path / "out" / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match=r"out holds files that corpus build did not write \(notes\.txt\)"):
+    with pytest.raises(FileExistsError, match=r"out: it holds files that corpus build did not write \(notes\.txt\)"):
         build_corpus(source, tmp_path / "out", tokenizer, overwrite=True)
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
     assert load_corpus(tmp_path / "out")["title"] == ["nile"]
@@ -175,7 +176,7 @@ def test_overwrite_refuses_a_corpus_folder_holding_files_it_did_not_write(tmp_pa
 def test_overwrite_refuses_an_input_inside_the_output_and_keeps_it(tmp_path, tokenizer):
     build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "out", tokenizer)
     inside = write_lines(tmp_path / "out" / "more.jsonl", json.dumps({"title": "paris", "text": "Paris."}))
-    with pytest.raises(FileExistsError, match=r"the input .*more\.jsonl lies inside the output .*out"):
+    with pytest.raises(FileExistsError, match=r"input .*more\.jsonl lies inside .*out, which replacing would delete"):
         build_corpus(inside, tmp_path / "out", tokenizer, overwrite=True)
     assert json.loads((tmp_path / "out" / "more.jsonl").read_text())["title"] == "paris"
     assert load_corpus(tmp_path / "out")["title"] == ["nile"]
@@ -203,8 +204,25 @@ def test_cli_overwrite_with_the_input_inside_the_output_exits_2(tmp_path, tokeni
     inside = write_lines(tmp_path / "out" / "in.jsonl", json.dumps(ARTICLE))
     args = corpus_cli("--input", inside, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok"), "--overwrite")  # fmt: skip
     assert corpus.run(args) == 2
-    assert "lies inside the output" in capsys.readouterr().err
+    assert "in.jsonl lies inside" in capsys.readouterr().err
     assert (tmp_path / "out" / "in.jsonl").is_file()
+
+
+def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("stage", ["_article_rows", "_write_block_records"])
+def test_a_full_disk_during_corpus_build_names_the_output_not_the_input_and_leaves_nothing(
+    tmp_path, tokenizer, monkeypatch, stage
+):
+    source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
+    monkeypatch.setattr(corpus, stage, full_disk)  # while datasets reads the input / while records are written
+    output = tmp_path / "new" / "corpus"
+    with pytest.raises(OSError, match=r"No space left on the device holding .*new/corpus") as caught:
+        build_corpus(source, output, tokenizer)
+    assert "a.jsonl" not in str(caught.value)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a.jsonl"]  # not even the parent folder "new"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

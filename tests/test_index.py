@@ -203,7 +203,7 @@ def test_failed_save_leaves_previous_index_intact(data, indexes, tmp_path, monke
 
 def test_save_refuses_to_replace_a_directory_with_other_files(indexes, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"weights")
-    with pytest.raises(ValueError, match="model.safetensors"):
+    with pytest.raises(FileExistsError, match="model.safetensors"):
         indexes["exact"].save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").read_bytes() == b"weights"
 

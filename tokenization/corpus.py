@@ -24,8 +24,8 @@ body still gets a budget of 1 wordpiece; sentences without wordpieces are droppe
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
+import errno
 import hashlib
 import html
 import inspect
@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from openrealm.block_records import BlockRecords
-from openrealm.file_utils import path_within
+from openrealm.file_utils import atomic_directory, check_replaceable
 
 CORPUS_FORMAT = "openrealm.corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -471,11 +471,13 @@ def _load_articles(source, cache_dir: str):
             )
         except Exception as error:  # datasets wraps the generator's error in a generic one: report the line's
             cause = error
-            while cause is not None and not isinstance(cause, JsonlError):
+            while cause is not None and not isinstance(cause, (JsonlError, OSError)):
                 cause = cause.__cause__ or cause.__context__
-            if cause is None:
-                raise
-            raise JsonlError(cause.path, cause.line, cause.problem) from None
+            if isinstance(cause, JsonlError):
+                raise JsonlError(cause.path, cause.line, cause.problem) from None
+            if cause is not None:  # e.g. a full disk while datasets writes its cache: not the input's fault
+                raise cause from None
+            raise
     for column in ("title", "text"):
         if column not in articles.column_names:
             raise ValueError(f"{name} has no {column!r} field (fields: {', '.join(articles.column_names) or 'none'})")
@@ -499,60 +501,20 @@ def _written_by_build(output_dir: str) -> set[str]:
     return {CONFIG_NAME, BLOCKS_DIR, BLOCK_RECORDS_NAME, *_LEGACY_TOKENIZER_FILES}
 
 
-def _check_output(output_dir: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
-    """Refuse an output_dir that exists (without overwrite), or whose replacement would delete anything the build did
-    not write: a folder that is not a corpus (unless empty), a corpus folder holding other files, an input inside it."""
-    if not os.path.exists(output_dir):
-        return
-    if not overwrite:
-        raise FileExistsError(f"{output_dir} already exists; choose another output or pass overwrite=True")
+def _corpus_folder_problem(output_dir: str) -> str | None:
+    """Why replacing the non-empty output_dir would delete something a build did not write, or None: a folder that
+    is not a corpus (e.g. a home directory or notes), or a corpus folder holding other files."""
     if not os.path.isdir(output_dir):
-        raise FileExistsError(f"{output_dir} exists and is not a directory; refusing to replace it")
-    for path in inputs:
-        if path_within(path, output_dir):
-            raise FileExistsError(
-                f"the input {path} lies inside the output {output_dir}, which overwriting deletes; move the input out "
-                "or choose another output"
-            )
-    entries = os.listdir(output_dir)
-    if not entries:
-        return
-    # Replacing deletes the old folder: only ever delete what a build wrote, never e.g. a home directory or notes.
+        return "it exists and is not a directory"
     if not os.path.isfile(os.path.join(output_dir, CONFIG_NAME)):
-        raise FileExistsError(f"{output_dir} is not an openrealm corpus (no {CONFIG_NAME}); refusing to replace it")
-    foreign = sorted(set(entries) - _written_by_build(output_dir))
+        return f"it is not an openrealm corpus (no {CONFIG_NAME})"
+    foreign = sorted(set(os.listdir(output_dir)) - _written_by_build(output_dir))
     if foreign:
-        raise FileExistsError(
-            f"{output_dir} holds files that corpus build did not write ({', '.join(foreign)}); refusing to delete "
-            "them: move them out or choose another output"
+        return (
+            f"it holds files that corpus build did not write ({', '.join(foreign)}); move them out or choose another "
+            "output"
         )
-
-
-@contextlib.contextmanager
-def _staging_dir(output_dir: str, overwrite: bool, inputs: Sequence[str] = ()) -> Iterator[str]:
-    """A temporary sibling of output_dir; renamed to output_dir on success, removed on any error."""
-    parent, base = os.path.split(output_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = os.path.join(parent, f".{base}.{uuid.uuid4().hex[:12]}.tmp")
-    os.mkdir(staging)  # not mkdtemp: the folder gets the usual umask-derived permissions, not 0700
-    try:
-        yield staging
-        _check_output(output_dir, overwrite, inputs)  # again: the output may have appeared while building
-        previous = None
-        if os.path.exists(output_dir):
-            previous = os.path.join(parent, f".{base}.{uuid.uuid4().hex[:12]}.old")
-            os.replace(output_dir, previous)
-        try:
-            os.replace(staging, output_dir)
-        except BaseException:
-            if previous is not None:
-                os.replace(previous, output_dir)
-            raise
-        if previous is not None:
-            shutil.rmtree(previous, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    return None
 
 
 def _iter_records(blocks, batch_size: int = 4096) -> Iterator[tuple[str, str]]:
@@ -605,60 +567,72 @@ def build_corpus(
 
     output_dir = os.path.abspath(os.fspath(output_dir))
     inputs = [] if isinstance(source, Dataset) else _source_paths(source)
-    _check_output(output_dir, overwrite, inputs)
+    check_replaceable(output_dir, overwrite, _corpus_folder_problem, inputs)  # before any (long) work
     tokenizer, tokenizer_name = resolve_tokenizer(tokenizer)
     builder = BlockBuilder(tokenizer, max_block_length, span_annotator, page_filter, html_unescape, language)
-    with _staging_dir(output_dir, overwrite, inputs) as staging:
-        scratch = os.path.join(staging, ".scratch")  # datasets' cache files: inside the staging folder, removed below
-        articles, builder.source_name = _load_articles(source, scratch)
-        features = block_features()
-        del features["block_id"]
-        blocks = articles.map(
-            builder,
-            batched=True,
-            batch_size=batch_size,
-            with_indices=True,
-            input_columns=["title", "text"],
-            remove_columns=articles.column_names,
-            features=features,
-            num_proc=num_proc if num_proc > 1 else None,
-            cache_file_name=os.path.join(scratch, "blocks.arrow"),
-            load_from_cache_file=False,
-            new_fingerprint=uuid.uuid4().hex,  # hashing the tokenizer for a fingerprint is slow and useless here
-            desc="Packing articles into blocks",
-        )
-        if len(blocks) == 0:
-            raise ValueError(f"{builder.source_name} produced no blocks (no article with text passed the page filter)")
-        num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
-        # Block ids are row numbers, known only once every process has packed its share.
-        blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
-        blocks.select_columns(list(COLUMNS)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
-        num_input_articles, num_blocks = len(articles), len(blocks)
-        del blocks, articles
-        shutil.rmtree(scratch, ignore_errors=True)
-        saved = load_from_disk(os.path.join(staging, BLOCKS_DIR))
-        _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved)
-        tokenizer.save_pretrained(staging)
-        config = {
-            "format": CORPUS_FORMAT,
-            "format_version": CORPUS_FORMAT_VERSION,
-            "max_block_length": max_block_length,
-            "num_blocks": num_blocks,
-            "num_articles": num_articles,
-            "num_input_articles": num_input_articles,
-            "tokenizer": tokenizer_name,
-            "sentence_splitter": f"sentencex {_version('sentencex')}",
-            "span_annotators": annotator_names(span_annotator),
-            "page_filter": page_filter,
-            "html_unescape": html_unescape,
-            "language": language,
-            "source": builder.source_name,
-            "files": sorted({CONFIG_NAME, *os.listdir(staging)}),  # what --overwrite may replace, nothing else
-        }
-        with open(os.path.join(staging, CONFIG_NAME), "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        del saved
+    try:
+        with atomic_directory(output_dir, overwrite, _corpus_folder_problem, inputs=inputs) as staging:
+            # datasets' cache files: inside the staging folder, removed below
+            scratch = os.path.join(staging, ".scratch")
+            articles, builder.source_name = _load_articles(source, scratch)
+            features = block_features()
+            del features["block_id"]
+            blocks = articles.map(
+                builder,
+                batched=True,
+                batch_size=batch_size,
+                with_indices=True,
+                input_columns=["title", "text"],
+                remove_columns=articles.column_names,
+                features=features,
+                num_proc=num_proc if num_proc > 1 else None,
+                cache_file_name=os.path.join(scratch, "blocks.arrow"),
+                load_from_cache_file=False,
+                new_fingerprint=uuid.uuid4().hex,  # hashing the tokenizer for a fingerprint is slow and useless here
+                desc="Packing articles into blocks",
+            )
+            if len(blocks) == 0:
+                raise ValueError(
+                    f"{builder.source_name} produced no blocks (no article with text passed the page filter)"
+                )
+            num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
+            # Block ids are row numbers, known only once every process has packed its share.
+            blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
+            blocks.select_columns(list(COLUMNS)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
+            num_input_articles, num_blocks = len(articles), len(blocks)
+            del blocks, articles
+            shutil.rmtree(scratch, ignore_errors=True)
+            saved = load_from_disk(os.path.join(staging, BLOCKS_DIR))
+            _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved)
+            tokenizer.save_pretrained(staging)
+            config = {
+                "format": CORPUS_FORMAT,
+                "format_version": CORPUS_FORMAT_VERSION,
+                "max_block_length": max_block_length,
+                "num_blocks": num_blocks,
+                "num_articles": num_articles,
+                "num_input_articles": num_input_articles,
+                "tokenizer": tokenizer_name,
+                "sentence_splitter": f"sentencex {_version('sentencex')}",
+                "span_annotators": annotator_names(span_annotator),
+                "page_filter": page_filter,
+                "html_unescape": html_unescape,
+                "language": language,
+                "source": builder.source_name,
+                "files": sorted({CONFIG_NAME, *os.listdir(staging)}),  # what --overwrite may replace, nothing else
+            }
+            with open(os.path.join(staging, CONFIG_NAME), "w", encoding="utf-8") as f:
+                json.dump(config, f, indent=2, ensure_ascii=False)
+                f.write("\n")
+            del saved
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # datasets' errors would otherwise point at the input file
+            raise OSError(
+                error.errno,
+                f"No space left on the device holding {output_dir} while building the corpus ({error.strerror}); "
+                "nothing was written: free some space or choose another output",
+            ) from error
+        raise
     return load_corpus(output_dir)
 
 

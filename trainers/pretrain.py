@@ -55,7 +55,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -66,6 +65,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
+from openrealm.file_utils import atomic_directory, replace_folder
 from openrealm.hub_cards.model_card import realm_model_card
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config
 from openrealm.tokenization.masking import STRATEGIES, SalientSpanCollator
@@ -237,10 +237,8 @@ class RealmPretrainingTrainer(Trainer):
             if self.args.should_save:
                 if self.checkpoint_extras is not None:
                     self.checkpoint_extras(staging / name)
-                target = run_dir / name
-                if target.exists():  # a run resumed before this step: the newer state replaces it
-                    shutil.rmtree(target)
-                os.rename(staging / name, target)
+                # a run resumed before this step: the newer state replaces the old one, all at once
+                replace_folder(staging / name, run_dir / name)
                 rotate_checkpoints(
                     output_dir=str(run_dir),
                     save_total_limit=self.args.save_total_limit,
@@ -544,26 +542,15 @@ def build_trainer(
 
 def save_models(model: RealmPretrainingModel, tokenizer, output: str | os.PathLike, summary: dict) -> None:
     """OUTPUT/embedder/, OUTPUT/encoder/, OUTPUT/scorer/ (each with the tokenizer and its model card README.md), the
-    tokenizer and pretraining.json at the top; each entry replaces its namesake by rename (index/, checkpoints and
-    other folders beside them are kept)."""
-    from openrealm.modeling_realm import move_into
-
-    output = Path(output).absolute()
-    output.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".pretrain-saving-", dir=output.parent))
-    try:
+    tokenizer and pretraining.json at the top, all replacing OUTPUT's old ones at once (file_utils.replace_folder):
+    a crash never leaves a new embedder beside an old encoder. index/, checkpoints and other entries are kept."""
+    with atomic_directory(Path(output).absolute(), keep=lambda name: True) as staging:
+        staging = Path(staging)
         save_towers(model, tokenizer, staging)
         for name in TOWERS:
             realm_model_card(name, summary).save(staging / name / "README.md")
         tokenizer.save_pretrained(staging)
         (staging / "pretraining.json").write_text(json.dumps(summary, indent=2) + "\n")
-        for name in TOWERS:  # move_into moves files; whole folders are replaced here
-            if (output / name).exists():
-                shutil.rmtree(output / name)
-            os.rename(staging / name, output / name)
-        move_into(str(staging), str(output))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def push_to_hub(output: str | os.PathLike, repo: str, api=None, private: bool = False) -> dict[str, str]:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,8 +23,8 @@ from transformers import AutoConfig, set_seed
 from transformers.utils import logging
 
 from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
-from openrealm.file_utils import apply_umask_modes
-from openrealm.modeling_realm import BERT_CONFIG_FIELDS, expected_load_changes, move_into
+from openrealm.file_utils import atomic_directory
+from openrealm.modeling_realm import BERT_CONFIG_FIELDS, expected_load_changes, kept_beside_model
 
 logger = logging.get_logger(__name__)
 
@@ -234,19 +232,13 @@ def save_tower(
     model: torch.nn.Module, folder: str | os.PathLike, tokenizer=None, files: dict[str, str] | None = None
 ) -> Path:
     """Write the model (REALM's key layout), the tokenizer and `files` ({name: text}, e.g. a summary JSON or a model
-    card) into folder. Each entry replaces its namesake by rename, so a reader never sees a half-written folder;
-    entries beside them (checkpoint-* folders, an index) are kept."""
+    card) into folder, which is replaced all at once (file_utils.replace_folder): a reader never sees a half-written
+    folder or new weights beside old ones; entries a save does not write (checkpoint-* folders, an index) are kept."""
     folder = Path(folder).absolute()
-    folder.mkdir(parents=True, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{folder.name}-saving-", dir=folder.parent)
-    try:
+    with atomic_directory(folder, keep=kept_beside_model) as staging:
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         for name, text in (files or {}).items():
             Path(staging, name).write_text(text, encoding="utf-8")
-        apply_umask_modes(staging)  # the user's umask, not mkdtemp's private 0700
-        move_into(staging, str(folder))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return folder
