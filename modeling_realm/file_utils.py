@@ -197,8 +197,12 @@ def replace_folder(
             if not os.path.lexists(os.path.join(staging, name)) and keep(name):
                 _link_tree(os.path.join(destination, name), os.path.join(staging, name))
     if not os.path.lexists(destination):
-        os.replace(staging, destination)
-        return
+        try:
+            os.replace(staging, destination)
+            return
+        except OSError as error:  # another writer's version appeared meanwhile: replace it as below
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
     if path_within(os.getcwd(), destination):
         _move_entries(staging, destination)
         shutil.rmtree(staging, ignore_errors=True)

@@ -91,6 +91,22 @@ def test_a_save_killed_at_any_moment_leaves_one_whole_version(versions, tmp_path
     assert set(seen) <= {1.0, -1.0}
 
 
+def test_two_writers_saving_one_folder_at_once_leave_one_whole_version(versions, tmp_path):
+    old, new = versions
+    folder = tmp_path / "model"
+    context = multiprocessing.get_context("fork")
+    for _ in range(3):
+        writers = [context.Process(target=_save, args=(model, folder)) for model in (old, new)]
+        for writer in writers:
+            writer.start()
+        for writer in writers:
+            writer.join()
+        assert [writer.exitcode for writer in writers] == [0, 0]
+        weight, embedding = fingerprint(folder)
+        assert weight == embedding
+        assert [path.name for path in tmp_path.iterdir()] == ["model"]
+
+
 def test_leftovers_of_a_killed_save_are_removed_by_the_next_save(versions, tmp_path):
     old, new = versions
     folder = tmp_path / "model"

@@ -414,7 +414,7 @@ def test_pretraining_refuses_a_corpus_without_any_salient_span_naming_the_counts
 def test_pretraining_refuses_a_refresh_lag_without_async_refresh_before_building_anything(corpus, tmp_path, capsys):
     output = tmp_path / "out"
     assert pretrain.main(pretrain_argv(corpus, output, "--max-steps", "2", "--refresh-lag", "5")) == 2
-    assert "--refresh-lag 5 with --refresh-mode off" in capsys.readouterr().err
+    assert "got lag=5 with mode='off' (--refresh-mode, --refresh-every, --refresh-lag)" in capsys.readouterr().err
     assert not output.exists()
 
 

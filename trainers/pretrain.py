@@ -81,7 +81,7 @@ from openrealm.trainers.pretraining import (
     RealmPretrainingExamples,
     RealmPretrainingModel,
 )
-from openrealm.trainers.refresh import MODES, IndexRefreshCallback, snapshot_embedder
+from openrealm.trainers.refresh import MODES, IndexRefreshCallback, check_refresh_settings, snapshot_embedder
 from openrealm.trainers.towers import (
     check_tokenizer,
     fit_length,
@@ -640,12 +640,10 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     from transformers import AutoTokenizer
 
     lag = getattr(args, "refresh_lag", None)
-    if lag is not None and (args.refresh_mode != "async" or lag < 1):
-        print(
-            f"openrealm train pretrain: --refresh-lag is a positive number of steps of --refresh-mode async, got "
-            f"--refresh-lag {lag} with --refresh-mode {args.refresh_mode}",
-            file=sys.stderr,
-        )
+    try:  # before any index is built
+        check_refresh_settings(args.refresh_mode, args.refresh_every, lag)
+    except ValueError as error:
+        print(f"openrealm train pretrain: {error} (--refresh-mode, --refresh-every, --refresh-lag)", file=sys.stderr)
         return 2
     state = distributed_state()
     world = state.num_processes

@@ -64,6 +64,9 @@ class Preset:
     ict_learning_rate: float
     pretrain_steps: int
     pretrain_batch_size: int
+    # K, null document included (Google: 8). More candidates per query give the retriever more signal: K = 24 made
+    # Figure 4 rise for seeds 0-2 where K = 8 did for seed 0 only, at 1.5-3x the cost (benchmarks/RESULTS.md, issue 14)
+    pretrain_num_candidates: int
     pretrain_learning_rate: float
     pretrain_embedder_learning_rate: float  # lower than the encoder's: at 1e-3 the retriever's recall falls
     refresh_every: int
@@ -109,6 +112,7 @@ DEFAULT = Preset(
     ict_learning_rate=1e-3,
     pretrain_steps=400,
     pretrain_batch_size=16,
+    pretrain_num_candidates=8,
     pretrain_learning_rate=1e-3,
     pretrain_embedder_learning_rate=3e-4,
     refresh_every=25,
@@ -282,6 +286,7 @@ class Stages:
             "--output", str(self.path(name)),
             "--max-steps", str(preset.pretrain_steps), "--refresh-every", str(preset.refresh_every),
             "--refresh-mode", mode, "--batch-size", str(preset.pretrain_batch_size),
+            "--num-candidates", str(preset.pretrain_num_candidates),
             "--learning-rate", str(preset.pretrain_learning_rate), "--seed", str(self.seed),
             "--embedder-learning-rate", str(preset.pretrain_embedder_learning_rate),
             "--logging-steps", str(preset.eval_every), "--embedding-dropout", "0", "--spans", spans,
@@ -397,32 +402,39 @@ class Stages:
 
 
 RECALL_KS = (1, 5, 10)
-LABELS = {
-    "realm": "REALM (pre-trained)",
-    "realm-reader-bm25": "REALM reader + BM25",
-    "no-pretraining": "no REALM pre-training",
-    "stale-index": "stale index",
-    "random-span-masks": "random span masks",
-}
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """One row of the paper's Table 2 at toy scale: a way to pre-train (or not) from the shared ICT embedder and
+    warmed-up encoder, then fine-tuned and evaluated like every other row."""
+
+    name: str  # in results.json's "ablations"
+    run: str  # the fine-tuned folder OUTPUT/<run>-openqa, its key in results.json's "open_qa"
+    label: str  # in the open-QA table and figure
+    row: str  # in Table 2
+    pretraining: str | None  # folder under OUTPUT of its REALM pre-training run; None: no REALM pre-training
+    refresh_mode: str = "async"
+    spans: str = "salient"
+
+
+ABLATIONS = (
+    Ablation("realm", "realm", "REALM (pre-trained)", "REALM", "pretrain"),
+    Ablation(
+        "no_realm_pretraining", "no-pretraining", "no REALM pre-training",
+        "Baseline (ICT retriever, no REALM pre-training)", None,
+    ),
+    Ablation(
+        "stale_index", "stale-index", "stale index", "Stale MIPS (index never refreshed)", "pretrain-stale-index",
+        refresh_mode="off",
+    ),
+    Ablation(
+        "random_span_masks", "random-span-masks", "random span masks", "Random span masks",
+        "pretrain-random-span-masks", spans="random_span",
+    ),
+)  # fmt: skip
+LABELS = {ablation.run: ablation.label for ablation in ABLATIONS} | {"realm-reader-bm25": "REALM reader + BM25"}
 PRETRAINING_STAGE = "REALM pre-training with async index refresh, and its ablations"
-# Table 2's rows that need their own pre-training run: name -> (folder under OUTPUT, refresh mode, masking).
-PRETRAINING_ABLATIONS = {
-    "stale_index": ("pretrain-stale-index", "off", "salient"),
-    "random_span_masks": ("pretrain-random-span-masks", "async", "random_span"),
-}
-# results.json's ablation names -> the run names of the fine-tuned folders (OUTPUT/<run>-openqa) and "open_qa".
-RUN_NAMES = {
-    "realm": "realm",
-    "no_realm_pretraining": "no-pretraining",
-    "stale_index": "stale-index",
-    "random_span_masks": "random-span-masks",
-}
-TABLE2_ROWS = {
-    "realm": "REALM",
-    "no_realm_pretraining": "Baseline (ICT retriever, no REALM pre-training)",
-    "stale_index": "Stale MIPS (index never refreshed)",
-    "random_span_masks": "Random span masks",
-}
 
 
 def plot_pretraining(history: list[dict], path: Path) -> None:
@@ -504,8 +516,8 @@ def write_report(
         "| pre-training | zero-shot recall@5 | exact match after fine-tuning |",
         "|---|---|---|",
         *(
-            f"| {TABLE2_ROWS[row['name']]} | {row['zero_shot_recall_at_5']:.1f} | {row['exact_match']:.1f} |"
-            for row in ablations
+            f"| {ablation.row} | {row['zero_shot_recall_at_5']:.1f} | {row['exact_match']:.1f} |"
+            for ablation, row in zip(ABLATIONS, ablations, strict=True)
         ),
         "",
         "Zero-shot recall@5: the pre-trained embedder encodes each held-out test question, before any fine-tuning, and "
@@ -591,31 +603,39 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
     embedder = stages.run("ICT warm start of the retriever", stages.ict, corpus)
     encoder = stages.run("reading warm-up of the encoder", stages.reading_warmup, corpus)
     # REALM and Table 2's ablations that apply here, from the same ICT embedder and warmed-up encoder, the same steps.
-    runs = {"pretrain": ("pretrain", (corpus, embedder, encoder), {})}  # keyed by output folder
-    for folder, mode, spans in PRETRAINING_ABLATIONS.values():
-        runs[folder] = ("pretrain", (corpus, embedder, encoder, mode, folder), {"spans": spans})
-    pretraining = stages.run_parallel(PRETRAINING_STAGE, runs)["pretrain"]
-    starts = {"realm": stages.path("pretrain"), "no_realm_pretraining": None}
-    starts.update({name: stages.path(folder) for name, (folder, _, _) in PRETRAINING_ABLATIONS.items()})
+    pretraining_runs = {
+        ablation.pretraining: (
+            "pretrain", (corpus, embedder, encoder, ablation.refresh_mode, ablation.pretraining),
+            {"spans": ablation.spans},
+        )
+        for ablation in ABLATIONS
+        if ablation.pretraining is not None
+    }  # fmt: skip
+    history = stages.run_parallel(PRETRAINING_STAGE, pretraining_runs)["pretrain"]["history"]
     towers = {
-        name: (embedder, encoder) if folder is None else (folder / "embedder", folder / "encoder")
-        for name, folder in starts.items()
+        ablation.name: (embedder, encoder)
+        if ablation.pretraining is None
+        else (stages.path(ablation.pretraining) / "embedder", stages.path(ablation.pretraining) / "encoder")
+        for ablation in ABLATIONS
     }
     zero_shot = stages.run(
         "zero-shot retrieval recall@5", lambda: {name: stages.zero_shot_recall(*pair) for name, pair in towers.items()}
     )
-    finetuning = {RUN_NAMES[name]: ("finetune", (RUN_NAMES[name], *pair), {}) for name, pair in towers.items()}
+    finetuning = {ablation.run: ("finetune", (ablation.run, *towers[ablation.name]), {}) for ablation in ABLATIONS}
     models = stages.run_parallel("open-QA fine-tuning of every start", finetuning)
     runs = stages.run("evaluation on held-out entities", stages.evaluate, models)
     realm = models["realm"]
     stages.model_card(realm, stages.path("results-realm.json"))
     demo = stages.run("answers through the pipeline", stages.demo, realm)
-    history = pretraining["history"]
     plot_pretraining(history, output / "figure_pretraining.png")
     plot_comparison(runs, output / "figure_comparison.png")
     ablations = [
-        {"name": name, "zero_shot_recall_at_5": zero_shot[name], "exact_match": runs[RUN_NAMES[name]]["exact_match"]}
-        for name in towers
+        {
+            "name": ablation.name,
+            "zero_shot_recall_at_5": zero_shot[ablation.name],
+            "exact_match": runs[ablation.run]["exact_match"],
+        }
+        for ablation in ABLATIONS
     ]
     results = {
         "preset": preset,

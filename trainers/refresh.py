@@ -172,6 +172,17 @@ def load_snapshot(
     return snapshot_embedder(template, device, clones)
 
 
+def check_refresh_settings(mode: str, refresh_every: int, lag: int | None = None) -> None:
+    """Raise ValueError for settings IndexRefreshCallback refuses: an unknown mode, a period below 1 step (unless
+    off), a lag outside the async mode or below 1. Commands call it before building anything."""
+    if mode not in MODES:
+        raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
+    if mode != "off" and refresh_every < 1:
+        raise ValueError(f"refresh_every must be a positive number of steps, got {refresh_every}")
+    if lag is not None and (mode != "async" or lag < 1):
+        raise ValueError(f"lag is a positive number of steps of the async mode, got lag={lag} with mode={mode!r}")
+
+
 class IndexRefreshCallback(TrainerCallback):
     """Rebuild the index from the training embedder every `refresh_every` steps and swap it into `examples`.
 
@@ -206,12 +217,7 @@ class IndexRefreshCallback(TrainerCallback):
         build_kwargs: dict | None = None,
         lag: int | None = None,
     ):
-        if mode not in MODES:
-            raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
-        if mode != "off" and refresh_every < 1:
-            raise ValueError(f"refresh_every must be a positive number of steps, got {refresh_every}")
-        if lag is not None and (mode != "async" or lag < 1):
-            raise ValueError(f"lag is a positive number of steps of the async mode, got lag={lag} with mode={mode!r}")
+        check_refresh_settings(mode, refresh_every, lag)
         self.lag = lag
         self.examples = examples
         self.corpus_dir = Path(corpus_dir).absolute()
