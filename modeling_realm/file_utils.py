@@ -87,6 +87,24 @@ def check_replaceable(
             raise FileExistsError(f"Refusing to replace {destination}: {reason}")
 
 
+def missing_folders(folder: str | os.PathLike) -> list[str]:
+    """`folder` and those of its ancestors that do not exist yet, outermost first: what creating it would make, so
+    that a failed write can remove them again with remove_empty_folders."""
+    folder, missing = os.path.abspath(os.fspath(folder)), []
+    while not os.path.isdir(folder):
+        missing.insert(0, folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
+def remove_empty_folders(folders: list[str]) -> None:
+    """Remove `folders` (outermost first, as missing_folders lists them) innermost first, each only if empty: another
+    writer may have filled one meanwhile."""
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
 # Staging and retired folders are named after the destination, this machine and the writing process, so that the
 # leftovers of a crashed writer can be told from the work of a live one: ".NAME.saving-HOST-PID-RANDOM".
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>saving|replaced)-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[^.]+$")
@@ -187,11 +205,11 @@ def replace_folder(
     keep(name) chooses entries of the old `destination` (by name, top level) that `staging` lacks to carry into the
     new version, hard-linked (no data copied): e.g. a model card, checkpoints or an index beside saved weights. Then
     the two folders are exchanged in one rename (renameat2) where the system can; elsewhere the old one is renamed
-    aside and the new one into place, and clean_leftovers repairs a crash between the two. The one case that cannot
+    aside and the new one into place, and the next atomic_directory write of `destination` (its clean_leftovers)
+    repairs a crash between the two. The one case that cannot
     be all-or-nothing is a destination holding the working directory (exchanging it would leave the process in the
     deleted old version): there each entry replaces its namesake by rename, one at a time."""
     staging, destination = os.path.abspath(os.fspath(staging)), os.path.abspath(os.fspath(destination))
-    clean_leftovers(destination)
     if os.path.isdir(destination) and not os.path.islink(destination) and keep is not None:
         for name in os.listdir(destination):
             if not os.path.lexists(os.path.join(staging, name)) and keep(name):
@@ -210,8 +228,7 @@ def replace_folder(
     if exchange_paths(staging, destination):
         shutil.rmtree(staging, ignore_errors=True)  # now the old version
         return
-    parent, name = os.path.split(destination)
-    retired = os.path.join(parent, os.path.basename(staging).replace(f".{name}.saving-", f".{name}.replaced-", 1))
+    retired = staging_folder(destination, "replaced")  # empty: the old folder is renamed onto it
     os.replace(destination, retired)
     try:
         os.replace(staging, destination)
@@ -254,11 +271,7 @@ def atomic_directory(
     elif os.path.lexists(destination) and not os.path.isdir(destination):
         raise NotADirectoryError(f"{destination} exists and is not a folder.")
     clean_leftovers(destination)
-    created = []  # parent folders made for this write, innermost last: removed again if it fails
-    folder = os.path.dirname(destination)
-    while not os.path.isdir(folder):
-        created.insert(0, folder)
-        folder = os.path.dirname(folder)
+    created = missing_folders(os.path.dirname(destination))  # made for this write: removed again if it fails
     staging = staging_folder(destination)
     try:
         yield staging
@@ -268,9 +281,7 @@ def atomic_directory(
         replace_folder(staging, destination, keep)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        for parent in reversed(created):
-            with contextlib.suppress(OSError):  # only empty ones: another writer may have filled one meanwhile
-                os.rmdir(parent)
+        remove_empty_folders(created)
         raise
 
 
@@ -281,7 +292,9 @@ __all__ = [
     "clean_leftovers",
     "current_umask",
     "exchange_paths",
+    "missing_folders",
     "path_within",
+    "remove_empty_folders",
     "replace_folder",
     "staging_folder",
 ]

@@ -951,7 +951,7 @@ class RealmForOpenQA(RealmPreTrainedModel):
         if os.path.isfile(pipeline_code):
             shutil.copyfile(pipeline_code, os.path.join(save_directory, "pipeline_realm.py"))
         if self.retriever is not None:
-            self.retriever.save_pretrained(save_directory)
+            self.retriever.write_files(save_directory)  # save_directory is staged already
 
     def forward(
         self,

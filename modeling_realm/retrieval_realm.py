@@ -8,7 +8,6 @@ Legacy 4.x open-QA folders hold `block_records.npy` (a pickled object array, rea
 the block embeddings as the `block_emb` weight of the model checkpoint; both are read as the 4.x port did.
 """
 
-import contextlib
 import errno
 import hashlib
 import json
@@ -30,7 +29,7 @@ from .block_records import (
     index_block_bytes,
     legacy_block_records_count,
 )
-from .file_utils import apply_umask_modes, atomic_directory
+from .file_utils import apply_umask_modes, atomic_directory, missing_folders, remove_empty_folders
 from .index_realm import RealmBlockIndex
 
 logger = logging.get_logger(__name__)
@@ -563,15 +562,20 @@ class RealmRetriever:
         file_utils.replace_folder): records and index of one version are never beside those of another. Other entries
         of the folder (e.g. a model's weights) are kept."""
         with atomic_directory(save_directory, keep=_kept_beside_retriever) as staging:
-            target = os.path.join(staging, BLOCK_RECORDS_NAME)
-            source = getattr(self.block_records, "path", None)
-            if source is None:
-                BlockRecords.write(target, self.iter_records(), num_blocks_hint=len(self.block_records))
-            else:
-                link_or_copy(source, target)
-            if self._index is not None:
-                self._index.save_pretrained(os.path.join(staging, BLOCK_INDEX_DIR))
-            self.tokenizer.save_pretrained(staging)
+            self.write_files(staging)
+
+    def write_files(self, directory: str) -> None:
+        """Write block records, index and tokenizer into `directory`, a folder being staged (save_pretrained's, or a
+        model's that saves its retriever beside its weights)."""
+        target = os.path.join(directory, BLOCK_RECORDS_NAME)
+        source = getattr(self.block_records, "path", None)
+        if source is None:
+            BlockRecords.write(target, self.iter_records(), num_blocks_hint=len(self.block_records))
+        else:
+            link_or_copy(source, target)
+        if self._index is not None:
+            self._index.save_pretrained(os.path.join(directory, BLOCK_INDEX_DIR))
+        self.tokenizer.save_pretrained(directory)
 
     def iter_records(self, batch_size: int = 4096):
         """Yield (title, text) for every block, in block order."""
@@ -644,18 +648,12 @@ def open_legacy_block_records(npy_path: str) -> BlockRecords:
     logger.info(
         f"Converting legacy {npy_path} to {cached} (once; no pickle is executed; OPENREALM_CACHE sets the cache folder)."
     )
-    created = []  # cache folders this call creates, outermost first, removed again if the conversion fails
-    folder = os.path.abspath(parent)
-    while not os.path.isdir(folder):
-        created.insert(0, folder)
-        folder = os.path.dirname(folder)
+    created = missing_folders(parent)  # cache folders this call creates, removed again if the conversion fails
     try:
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=parent)
     except OSError as error:
-        for directory in reversed(created):
-            with contextlib.suppress(OSError):
-                os.rmdir(directory)
+        remove_empty_folders(created)
         if isinstance(error, PermissionError) or error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise unwritable_cache_error(parent, error) from error
         raise
@@ -669,9 +667,7 @@ def open_legacy_block_records(npy_path: str) -> BlockRecords:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful rename
-        for directory in reversed(created):
-            with contextlib.suppress(OSError):  # removes only empty ones: none after a successful conversion
-                os.rmdir(directory)
+        remove_empty_folders(created)  # only empty ones: none after a successful conversion
     return BlockRecords.open(cached)
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import make_openqa_model
 
-from openrealm import RealmForOpenQA
+from openrealm import RealmForOpenQA, file_utils
 from openrealm.file_utils import clean_leftovers, exchange_paths, replace_folder, staging_folder
 
 
@@ -168,3 +168,17 @@ def test_replace_folder_into_the_working_directory_replaces_each_entry(tmp_path,
     assert (folder / "config.json").read_text() == "new"
     assert (folder / "notes.txt").read_text() == "kept"
     assert not os.path.exists(staging)
+
+
+def test_without_one_step_exchange_the_old_folder_is_renamed_aside_and_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_utils, "exchange_paths", lambda first, second: False)
+    destination = tmp_path / "checkpoint-5"
+    destination.mkdir()
+    (destination / "state.json").write_text("old")
+    staging = tmp_path / ".staging" / "checkpoint-5"  # named like the destination, as a checkpoint's staging is
+    staging.mkdir(parents=True)
+    (staging / "state.json").write_text("new")
+    replace_folder(staging, destination)
+    assert (destination / "state.json").read_text() == "new"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".staging", "checkpoint-5"]
+    assert not staging.exists()

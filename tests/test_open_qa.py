@@ -289,7 +289,7 @@ def test_a_failed_save_leaves_the_previous_folder_untouched(model, tmp_path, mon
     def fail(directory):
         raise OSError("disk full")
 
-    monkeypatch.setattr(model.retriever, "save_pretrained", fail)
+    monkeypatch.setattr(model.retriever, "write_files", fail)
     with pytest.raises(OSError, match="disk full"):
         model.save_pretrained(tmp_path)
     assert {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()} == before
