@@ -21,7 +21,7 @@ from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 from .block_records import BlockRecords, convert_legacy_block_records
 from .configuration_realm import RealmConfig
 from .convert_realm import convert_legacy_folder
-from .index_realm import RealmBlockIndex
+from .index_realm import RealmBlockIndex, ShardedBlockIndex
 from .modeling_realm import (
     REALM_MODEL_CLASSES,
     RealmEmbedder,
@@ -70,6 +70,7 @@ register_with_transformers()
 __all__ = [
     "BlockRecords",
     "RealmBlockIndex",
+    "ShardedBlockIndex",
     "RealmConfig",
     "RealmEmbedder",
     "RealmEmbedderOutput",

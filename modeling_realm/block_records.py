@@ -276,8 +276,9 @@ def _validate_header(path: str, header: Any, data_start: int, data_size: int) ->
     return {name: (data_start + start, data_start + stop) for start, stop, name in ranges}
 
 
-def _header(num_blocks: int, title_len: int, text_len: int) -> bytes:
-    """Serialized safetensors header (8-byte length + JSON padded with spaces to a multiple of 8)."""
+def _header(num_blocks: int, title_len: int, text_len: int, size: int | None = None) -> bytes:
+    """Serialized safetensors header (8-byte length + JSON padded with spaces to a multiple of 8, or to `size` bytes
+    in all: a header reserved before the lengths were known is overwritten in place by one of the same size)."""
     counts = {"title_offsets": num_blocks + 1, "text_offsets": num_blocks + 1, "title_bytes": title_len}
     counts["text_bytes"] = text_len
     header: dict[str, Any] = {
@@ -289,7 +290,7 @@ def _header(num_blocks: int, title_len: int, text_len: int) -> bytes:
         header[name] = {"dtype": dtype, "shape": [counts[name]], "data_offsets": [start, stop]}
         start = stop
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    raw += b" " * (-len(raw) % 8 if size is None else size - 8 - len(raw))
     return struct.pack("<Q", len(raw)) + raw
 
 
@@ -506,31 +507,26 @@ def legacy_block_records_count(path: str | os.PathLike) -> int:
 
 
 def _fetched_memo(path: str, file: BinaryIO, start: int, size: int) -> set[int]:
-    """First pass: check opcodes, globals and memo use -> the memo indices that are ever fetched.
-
-    Only those are kept by the second pass, so that memory stays small although every element is memoized.
-    """
-    fetched, memo_size = set(), 0
-    for name, arg, pos in _ops(path, file, start, size):
-        if name in _PUT:
-            if name != "MEMOIZE" and arg != memo_size:  # picklers number memo entries 0, 1, 2, ...
-                raise _refusal(path, f"memo index {arg} out of sequence (expected {memo_size})", pos)
-            memo_size += 1
-        elif name in _GET:
-            if arg >= memo_size:
-                raise _refusal(path, f"fetch of undefined memo index {arg}", pos)
-            fetched.add(arg)
-        elif name == "GLOBAL" and arg not in _GLOBALS:
-            raise _refusal(path, f"global {arg.replace(' ', '.')}", pos)
-        if pos == start and (name != "PROTO" or not 2 <= arg <= 5):  # np.save writes protocol 3 or 4
-            raise _refusal(path, f"pickle protocol {arg if name == 'PROTO' else '0 or 1'}", pos)
-    return fetched
+    """A first pass for the rare pickle that fetches an element back from its memo -> the memo indices ever fetched,
+    so that the interpreter's pass keeps only those (what it refuses, it refuses in its own pass)."""
+    return {arg for name, arg, _ in _ops(path, file, start, size) if name in _GET}
 
 
-def iter_legacy_block_records(path: str | os.PathLike, batch_size: int = 10000) -> Iterator[list[bytes]]:
+class _ElementFetched(Exception):
+    """The pickle fetches an element back from its memo (np.save of one bytes object twice), which the single pass
+    did not keep: iter_legacy_block_records then finds what is fetched and reads the file again."""
+
+
+def iter_legacy_block_records(
+    path: str | os.PathLike, batch_size: int = 10000, progress: Callable[[int, int], None] | None = None
+) -> Iterator[list[bytes]]:
     """Stream the elements of a legacy block_records.npy in lists of `batch_size` (the last may be shorter).
 
-    Batches come as the pickle's APPENDS arrive; a problem found later raises LegacyBlockRecordsError at that point.
+    One pass over the file, in constant memory: the memo keeps everything but the elements, which np.save fetches
+    back only when one bytes object fills two places (a file that does is read a second time, keeping exactly the
+    fetched entries). Batches come as the
+    pickle's APPENDS arrive; a problem found later raises LegacyBlockRecordsError at that point. `progress(bytes
+    read, file size)` is called after each batch.
     """
     path = os.fspath(path)
     if batch_size < 1:
@@ -538,15 +534,33 @@ def iter_legacy_block_records(path: str | os.PathLike, batch_size: int = 10000) 
     with open(path, "rb") as file:
         expected = _read_npy_header(path, file)
         start, size = file.tell(), os.fstat(file.fileno()).st_size
+        produced = 0
+        try:
+            for batch in _interpret(path, file, start, size, expected, None, batch_size):
+                produced += len(batch)
+                if progress is not None:
+                    progress(file.tell(), size)
+                yield batch
+            return
+        except _ElementFetched:
+            pass
+        file.seek(start)
         fetched = _fetched_memo(path, file, start, size)
         file.seek(start)
-        yield from _interpret(path, file, start, size, expected, fetched, batch_size)
+        for batch in _interpret(path, file, start, size, expected, fetched, batch_size):
+            skip, produced = min(produced, len(batch)), produced - min(produced, len(batch))
+            if progress is not None:
+                progress(file.tell(), size)
+            if batch[skip:]:
+                yield batch[skip:]
 
 
 def _interpret(
-    path: str, file: BinaryIO, start: int, size: int, expected: int, fetched: set[int], batch_size: int
+    path: str, file: BinaryIO, start: int, size: int, expected: int, fetched: set[int] | None, batch_size: int
 ) -> Iterator[list[bytes]]:
-    """Second pass: the whitelisting stack machine. Yields element batches."""
+    """The whitelisting stack machine. Yields element batches. Memo entries kept: those in `fetched`, or with
+    fetched None every entry but bytes longer than 1 (CPython shares b"" and 1-byte bytes, so np.save fetches those
+    back; a fetch of an entry not kept raises _ElementFetched)."""
     stack: list[Any] = []
     marks: list[int] = []  # stack heights at each open MARK
     memo: dict[int, Any] = {}
@@ -568,12 +582,16 @@ def _interpret(
         return items
 
     for name, arg, pos in _ops(path, file, start, size):
+        if pos == start and name != "PROTO":
+            raise _refusal(path, "pickle protocol 0 or 1", pos)
         if name in _PUSH_ARG:
             stack.append(arg)
         elif name in _PUT:
             if len(stack) <= (marks[-1] if marks else 0):
                 raise _refusal(path, f"{name} of nothing", pos)
-            if memo_size in fetched:
+            if name != "MEMOIZE" and arg != memo_size:  # picklers number memo entries 0, 1, 2, ...
+                raise _refusal(path, f"memo index {arg} out of sequence (expected {memo_size})", pos)
+            if (memo_size in fetched) if fetched is not None else type(stack[-1]) is not bytes or len(stack[-1]) < 2:
                 memo[memo_size] = stack[-1]
             memo_size += 1
         elif name in ("APPENDS", "APPEND"):
@@ -595,9 +613,16 @@ def _interpret(
                 yield pending[:batch_size]
                 del pending[:batch_size]
         elif name in _GET:
-            if arg not in memo:  # only if the file changed since the first pass
+            if arg >= memo_size:
                 raise _refusal(path, f"fetch of undefined memo index {arg}", pos)
+            if arg not in memo:
+                if fetched is None:
+                    raise _ElementFetched
+                raise _refusal(path, f"fetch of memo index {arg}, which the first pass did not see fetched", pos)
             stack.append(memo[arg])
+        elif name == "PROTO":
+            if pos != start or not 2 <= arg <= 5:  # np.save writes protocol 3 or 4
+                raise _refusal(path, f"pickle protocol {arg}" if pos == start else "a second PROTO", pos)
         elif name in _CONSTANTS:
             stack.append(_CONSTANTS[name])
         elif name == "MARK":
@@ -677,13 +702,48 @@ def read_legacy_block_records(path: str | os.PathLike) -> list[bytes]:
     return [element for batch in iter_legacy_block_records(path) for element in batch]
 
 
-def convert_legacy_block_records(npy_path: str | os.PathLike, output_path: str | os.PathLike) -> BlockRecords:
-    """Stream a legacy block_records.npy into `output_path` (block_records.safetensors, empty titles), atomically."""
-    npy_path = os.fspath(npy_path)
-    texts = (("", text) for batch in iter_legacy_block_records(npy_path) for text in batch)
-    try:
-        return BlockRecords.write(output_path, texts)
-    except LegacyBlockRecordsError:
-        raise
-    except ValueError as e:  # e.g. a text that is not UTF-8: say which legacy file it came from
-        raise ValueError(f"converting {npy_path}: {e}") from e
+def convert_legacy_block_records(
+    npy_path: str | os.PathLike, output_path: str | os.PathLike, progress: bool = False
+) -> BlockRecords:
+    """Convert a legacy block_records.npy into `output_path` (block_records.safetensors, empty titles), atomically.
+
+    One pass over the pickle (iter_legacy_block_records), each batch written where it belongs in the output: the
+    number of blocks is known from the .npy header, so the offsets and texts go straight into their places and the
+    header, reserved for the largest length the input allows, is filled in last. Memory is constant and the disk
+    holds the output once (no scratch copy). `progress` shows a bar over the input's bytes.
+    """
+    from transformers.utils.logging import tqdm
+
+    npy_path, output_path = os.fspath(npy_path), os.fspath(output_path)
+    num_blocks = legacy_block_records_count(npy_path)
+    header_size = len(_header(num_blocks, 0, os.path.getsize(npy_path)))  # texts cannot outsize the file
+    offsets_at = header_size + 8 * (num_blocks + 1)  # text_offsets, after the all-zero title_offsets
+    text_at = offsets_at + 8 * (num_blocks + 1)
+    with (
+        _atomic_output(output_path) as out,
+        tqdm(
+            total=os.path.getsize(npy_path), unit="B", unit_scale=True, disable=not progress, desc="Converting"
+        ) as bar,
+    ):
+        out.write(b"\0" * header_size)
+        for start in range(0, 8 * (num_blocks + 2), _CHUNK):  # title_offsets, and text_offsets[0]
+            out.write(bytes(min(_CHUNK, 8 * (num_blocks + 2) - start)))
+        out.flush()
+        fd, count, total = out.fileno(), 0, 0
+
+        def advance(done: int, size: int) -> None:
+            bar.update(done - bar.n)
+
+        try:
+            for batch in iter_legacy_block_records(npy_path, progress=advance):
+                texts = [_utf8(text, "text", count + i, output_path) for i, text in enumerate(batch)]
+                ends = total + np.cumsum([len(text) for text in texts], dtype="<i8")
+                os.pwrite(fd, ends.tobytes(), offsets_at + 8 * (count + 1))
+                os.pwrite(fd, b"".join(texts), text_at + total)
+                count, total = count + len(batch), int(ends[-1])
+        except LegacyBlockRecordsError:
+            raise
+        except ValueError as e:  # e.g. a text that is not UTF-8: say which legacy file it came from
+            raise ValueError(f"converting {npy_path}: {e}") from e
+        os.pwrite(fd, _header(num_blocks, 0, total, size=header_size), 0)
+    return BlockRecords.open(output_path)

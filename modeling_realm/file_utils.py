@@ -13,6 +13,7 @@ import socket
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -184,16 +185,77 @@ def _link_tree(source: str, target: str) -> None:
     if os.path.islink(source):
         os.symlink(os.readlink(source), target)
     elif os.path.isdir(source):
-        shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy2)
+        shutil.copytree(source, target, symlinks=True, copy_function=link_or_copy)
     else:
-        _link_or_copy2(source, target)
+        link_or_copy(source, target)
 
 
-def _link_or_copy2(source: str, target: str) -> None:
+def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Put an immutable file at `target`: a hard link where possible (instant, even for a 12.6 GB corpus or 6.8 GB of
+    block embeddings), else a copy written beside the target and renamed into place, so `target` is never partial."""
+    temporary = f"{os.fspath(target)}.tmp-{os.getpid()}"
     try:
-        os.link(source, target)
+        os.link(source, temporary)
     except OSError:
-        shutil.copy2(source, target)
+        shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
+
+
+@dataclass(frozen=True)
+class FileMapping:
+    """The file a span of this process's memory is mapped from (see `file_mapping`)."""
+
+    path: str  # the name it was mapped through, which may since have been unlinked
+    device: int  # st_dev of the file
+    inode: int
+    written_bytes: int  # pages of the span's mappings written since mapping (copied: they no longer equal the file)
+
+    def is_named(self, path: str | os.PathLike) -> bool:
+        """Whether `path` names the mapped file now (the name it was mapped through may have been replaced since, or
+        deleted while another hard link keeps the file)."""
+        try:
+            info = os.stat(path)
+        except OSError:
+            return False
+        return (info.st_dev, info.st_ino) == (self.device, self.inode)
+
+
+def file_mapping(address: int, num_bytes: int) -> FileMapping | None:
+    """The file whose pages back the memory [address, address + num_bytes) of this process, or None when (part of) it
+    is anonymous memory (a tensor read into RAM), spans several files, or the system has no /proc/self/smaps (not
+    Linux). Works for any mapping (np.memmap, safetensors' safe_open, torch.load(mmap=True)). A private mapping's
+    written pages become anonymous copies, counted in `written_bytes`: 0 means the memory still equals the file."""
+    if num_bytes < 1:
+        return None
+    try:
+        with open("/proc/self/smaps", encoding="utf-8", errors="surrogateescape") as smaps:
+            lines = smaps.read().splitlines()
+    except OSError:
+        return None
+    end, covered, found, written, inside = address + num_bytes, address, None, 0, False
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if not fields:
+            continue
+        if not fields[0].endswith(":"):  # a mapping's header: start-end perms offset dev inode [path]
+            start, stop = (int(bound, 16) for bound in fields[0].split("-"))
+            inside = start < end and stop > address
+            if not inside:
+                continue
+            path = fields[5] if len(fields) == 6 else ""
+            if start > covered or not path or path.startswith("[") or fields[4] == "0":
+                return None  # a gap or anonymous memory
+            path = path.removesuffix(" (deleted)")  # the name was unlinked; the file is still mapped
+            major, minor = (int(part, 16) for part in fields[3].split(":"))
+            key = (path, os.makedev(major, minor), int(fields[4]))
+            if found is not None and key != found:
+                return None
+            found, covered = key, max(covered, stop)
+        elif inside and fields[0] == "Anonymous:":
+            written += int(fields[1]) * 1024
+    if found is None or covered < end:
+        return None
+    return FileMapping(path=found[0], device=found[1], inode=found[2], written_bytes=written)
 
 
 def replace_folder(

@@ -29,7 +29,7 @@ from .block_records import (
     index_block_bytes,
     legacy_block_records_count,
 )
-from .file_utils import apply_umask_modes, atomic_directory, missing_folders, remove_empty_folders
+from .file_utils import apply_umask_modes, atomic_directory, link_or_copy, missing_folders, remove_empty_folders
 from .index_realm import RealmBlockIndex
 
 logger = logging.get_logger(__name__)
@@ -601,17 +601,6 @@ def _kept_beside_retriever(name: str) -> bool:
     return name not in (BLOCK_RECORDS_NAME, LEGACY_BLOCK_RECORDS_NAME, BLOCK_INDEX_DIR)
 
 
-def link_or_copy(source: str, target: str) -> None:
-    """Put an immutable file at target: a hard link when possible (instant, even for a 12.6 GB corpus), else a copy
-    written beside the target and renamed into place."""
-    temporary = f"{target}.tmp-{os.getpid()}"
-    try:
-        os.link(source, temporary)
-    except OSError:
-        shutil.copyfile(source, temporary)
-    os.replace(temporary, target)
-
-
 def resolve_folder(pretrained_model_name_or_path: str | os.PathLike, **hub_kwargs) -> str:
     """A local folder as is; a Hub repo id downloaded (retriever, tokenizer and legacy weight files only)."""
     path = os.fspath(pretrained_model_name_or_path)
@@ -658,7 +647,7 @@ def open_legacy_block_records(npy_path: str) -> BlockRecords:
             raise unwritable_cache_error(parent, error) from error
         raise
     try:
-        convert_legacy_block_records(npy_path, os.path.join(staging, BLOCK_RECORDS_NAME))
+        convert_legacy_block_records(npy_path, os.path.join(staging, BLOCK_RECORDS_NAME), progress=True)
         apply_umask_modes(staging)  # a shared OPENREALM_CACHE stays usable by the group mkdtemp would shut out
         try:
             os.rename(staging, entry)

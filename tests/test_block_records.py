@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from openrealm import block_records
 from openrealm.block_records import (
     BlockRecords,
     LegacyBlockRecordsError,
@@ -512,6 +513,48 @@ def test_convert_legacy_gives_equal_records_with_empty_titles(tmp_path):
     ]
     assert [records.text_bytes(i) for i in range(len(records))] == elements
     assert records.titles(range(4)) == ["", "", "", ""]
+
+
+def test_legacy_records_are_read_in_one_pass(tmp_path, monkeypatch):
+    path = save_legacy(tmp_path / "block_records.npy", object_array(LEGACY))
+    passes = []
+    original_ops = block_records._ops
+    monkeypatch.setattr(block_records, "_ops", lambda *args: passes.append(1) or original_ops(*args))
+    assert read_legacy_block_records(path) == LEGACY
+    assert len(passes) == 1
+
+
+def test_an_element_pickled_twice_by_reference_is_read_in_a_second_pass_without_repeats(tmp_path, monkeypatch):
+    shared = b"one passage object in two places"
+    elements = [f"block {i}".encode() for i in range(1500)]
+    elements[10] = elements[1200] = shared  # the pickle fetches it back from its memo, after 1,000 APPENDed
+    path = save_legacy(tmp_path / "block_records.npy", object_array(elements), protocol=4)
+    second_passes = []
+    original = block_records._fetched_memo
+    monkeypatch.setattr(block_records, "_fetched_memo", lambda *args: second_passes.append(1) or original(*args))
+    batches = list(iter_legacy_block_records(path, batch_size=300))
+    assert [element for batch in batches for element in batch] == elements
+    assert second_passes == [1]
+
+
+def test_convert_legacy_writes_the_output_in_place_without_scratch_files(tmp_path, monkeypatch):
+    elements = [f"block {i} ".encode() * (i % 7) for i in range(2500)]
+    npy = save_legacy(tmp_path / "block_records.npy", object_array(elements))
+
+    def no_scratch(*args, **kwargs):
+        raise AssertionError("a scratch file was opened")
+
+    monkeypatch.setattr(block_records.tempfile, "TemporaryFile", no_scratch)
+    records = convert_legacy_block_records(npy, tmp_path / "block_records.safetensors")
+    assert [records.text_bytes(i) for i in range(len(records))] == elements
+    header, data_start = header_of(tmp_path / "block_records.safetensors")
+    assert data_start % 8 == 0 and header["text_bytes"]["shape"] == [sum(map(len, elements))]
+
+
+def test_convert_legacy_shows_progress_over_the_input_bytes(tmp_path, capsys):
+    npy = save_legacy(tmp_path / "block_records.npy", object_array([b"x" * 100] * 3 + [b"y"]))
+    convert_legacy_block_records(npy, tmp_path / "block_records.safetensors", progress=True)
+    assert "Converting: 100%" in capsys.readouterr().err
 
 
 def test_convert_legacy_leaves_no_output_for_a_malicious_file(tmp_path):

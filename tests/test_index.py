@@ -161,6 +161,41 @@ def test_loaded_embeddings_are_memory_mapped(indexes, tmp_path):
         assert str(path) in open("/proc/self/maps").read()
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="an unchanged mapping is recognised through /proc")
+def test_saving_an_unchanged_loaded_index_links_its_embeddings_instead_of_rewriting(indexes, tmp_path):
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    loaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
+    loaded.save_pretrained(tmp_path / "copy")
+    loaded.save_pretrained(tmp_path / "index")  # over the folder it was loaded from
+    files = [tmp_path / folder / BLOCK_EMB_NAME for folder in ("index", "copy")]
+    assert files[0].stat().st_ino == files[1].stat().st_ino  # one file on disk, 6.8 GB not written twice
+    assert torch.equal(RealmBlockIndex.from_pretrained(tmp_path / "index").block_emb, indexes["exact"].block_emb)
+
+
+def test_an_index_written_in_place_after_loading_saves_its_new_values(indexes, tmp_path):
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    loaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
+    loaded.block_emb[3].fill_(0.5)  # a copy-on-write page: the file keeps the old values
+    loaded.save_pretrained(tmp_path / "changed")
+    saved = RealmBlockIndex.from_pretrained(tmp_path / "changed").block_emb
+    assert torch.equal(saved[3], torch.full_like(saved[3], 0.5))
+    assert torch.equal(RealmBlockIndex.from_pretrained(tmp_path / "index").block_emb, indexes["exact"].block_emb)
+    assert (tmp_path / "changed" / BLOCK_EMB_NAME).stat().st_nlink == 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the mapping is read from /proc")
+def test_embeddings_mapped_by_safetensors_or_torch_load_count_as_memory_mapped(data, tmp_path):
+    from safetensors import safe_open
+
+    save_file({"block_emb": data[0]}, str(tmp_path / "model.safetensors"))
+    torch.save({"block_emb": data[0]}, tmp_path / "pytorch_model.bin")
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        from_safetensors = f.get_tensor("block_emb")
+    from_torch = torch.load(tmp_path / "pytorch_model.bin", weights_only=True, mmap=True)["block_emb"]
+    assert RealmBlockIndex(from_safetensors).is_memory_mapped and RealmBlockIndex(from_torch).is_memory_mapped
+    assert not RealmBlockIndex(data[0].clone()).is_memory_mapped
+
+
 def test_saved_embeddings_are_plain_safetensors(indexes, tmp_path):
     from safetensors import safe_open
 

@@ -6,6 +6,7 @@ tests/reference/fixtures/transformers4_api/ (see tests/reference/README.md)."""
 import json
 import logging
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -270,6 +271,13 @@ def test_from_pretrained_gives_a_records_only_retriever_the_checkpoint_block_emb
     model = RealmForOpenQA.from_pretrained(folder, retriever=records_only)
     assert model.retriever is records_only
     assert torch.equal(model.block_emb, load_file(folder / "model.safetensors")["block_emb"])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the mapping is read from /proc")
+@pytest.mark.parametrize("layout", ["safetensors", "hub"])  # model.safetensors / pytorch_model.bin
+def test_a_4x_checkpoint_block_emb_is_reported_memory_mapped(layout, cache):
+    model = RealmForOpenQA.from_pretrained(fixture_folder("openqa", layout))
+    assert model.retriever.index.is_memory_mapped
 
 
 # --- 6. RealmConfig fields transformers 5's BERT cannot honour ---------------------------------------------------
