@@ -524,9 +524,8 @@ def iter_legacy_block_records(
 
     One pass over the file, in constant memory: the memo keeps everything but the elements, which np.save fetches
     back only when one bytes object fills two places (a file that does is read a second time, keeping exactly the
-    fetched entries). Batches come as the
-    pickle's APPENDS arrive; a problem found later raises LegacyBlockRecordsError at that point. `progress(bytes
-    read, file size)` is called after each batch.
+    fetched entries). Batches come as the pickle's APPENDS arrive; a problem found later raises
+    LegacyBlockRecordsError at that point. `progress(bytes read, file size)` is called after each batch.
     """
     path = os.fspath(path)
     if batch_size < 1:

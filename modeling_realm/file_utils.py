@@ -348,12 +348,15 @@ def atomic_directory(
 
 
 __all__ = [
+    "FileMapping",
     "apply_umask_modes",
     "atomic_directory",
     "check_replaceable",
     "clean_leftovers",
     "current_umask",
     "exchange_paths",
+    "file_mapping",
+    "link_or_copy",
     "missing_folders",
     "path_within",
     "remove_empty_folders",

@@ -240,13 +240,7 @@ class RealmBlockIndex:
 
         Scores are always the exact inner products query_emb . block_emb[id], whatever index found the ids.
         """
-        if not isinstance(query_emb, torch.Tensor) or query_emb.dim() != 2 or query_emb.shape[1] != self.dim:
-            shape = tuple(query_emb.shape) if hasattr(query_emb, "shape") else type(query_emb).__name__
-            raise ValueError(f"query_emb must be [num_queries, dim={self.dim}], got {shape}")
-        if isinstance(k, (np.integer, torch.Tensor)) and not isinstance(k, bool):
-            k = int(k)  # numpy / 0-d tensor ints from callers
-        if not isinstance(k, int) or not 1 <= k <= self.num_blocks:
-            raise ValueError(f"k must be an int in [1, num_blocks={self.num_blocks}], got k={k!r}")
+        k = _check_search_args(query_emb, k, self.dim, self.num_blocks)
         chunk_size = self.params.get("chunk_size")
         on_gpu = self._gpu_resources is not None
         if self.faiss_index is None or (on_gpu and k > _GPU_MAX_K):
@@ -340,9 +334,12 @@ class RealmBlockIndex:
         if target.exists() and not target.is_dir():
             raise NotADirectoryError(f"cannot save index to {target}: it exists and is not a directory")
         with atomic_directory(target, overwrite=True, replaceable=_index_folder_problem) as staging:
-            self._write_files(Path(staging))
+            self.write_files(staging)
 
-    def _write_files(self, directory: Path) -> None:
+    def write_files(self, directory: str | os.PathLike) -> None:
+        """Write index_config.json, block_emb.safetensors (+ faiss.index) into `directory`, an existing folder being
+        staged (save_pretrained's, or that of a retriever or an index version that holds the index), and fsync them."""
+        directory = Path(directory)
         config = {
             "format_version": FORMAT_VERSION,
             "index_type": self.index_type,
@@ -371,17 +368,8 @@ class RealmBlockIndex:
     ) -> RealmBlockIndex:
         """Load an index saved by save_pretrained. block_emb is memory-mapped, not read into RAM."""
         directory = Path(directory)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"block index directory {directory} does not exist")
-        config_path, emb_path = directory / INDEX_CONFIG_NAME, directory / BLOCK_EMB_NAME
-        config = _read_config(config_path)
-        block_emb, mmap = _mmap_safetensors(emb_path)
-        if tuple(block_emb.shape) != (config["num_blocks"], config["dim"]):
-            raise ValueError(
-                f"{emb_path} holds {block_emb.shape[0]} x {block_emb.shape[1]} embeddings but {config_path} says "
-                f"num_blocks={config['num_blocks']}, dim={config['dim']}"
-            )
-        _check_finite_once(block_emb, emb_path)
+        config, block_emb, mmap = _open_index_folder(directory)
+        _check_finite_once(block_emb, directory / BLOCK_EMB_NAME)
         faiss_index = None
         if config["index_type"] != "exact":
             faiss_index = _read_faiss(directory / FAISS_INDEX_NAME, config["index_type"], block_emb.shape)
@@ -442,8 +430,7 @@ class ShardedBlockIndex:
         import torch.distributed as dist
 
         directory = Path(directory)
-        config = _read_config(directory / INDEX_CONFIG_NAME)
-        block_emb, _ = _mmap_safetensors(directory / BLOCK_EMB_NAME)
+        config, block_emb, _ = _open_index_folder(directory)
         start, stop = cls.shard_range(block_emb.shape[0], dist.get_rank(group), dist.get_world_size(group))
         shard = block_emb[start:stop]
         _check_finite(shard, source=str(directory / BLOCK_EMB_NAME))
@@ -456,10 +443,7 @@ class ShardedBlockIndex:
         first, on query_emb's device."""
         import torch.distributed as dist
 
-        if query_emb.dim() != 2 or query_emb.shape[1] != self.dim:
-            raise ValueError(f"query_emb must be [num_queries, dim={self.dim}], got {tuple(query_emb.shape)}")
-        if not 1 <= k <= self.num_blocks:
-            raise ValueError(f"k must be in [1, num_blocks={self.num_blocks}], got k={k}")
+        k = _check_search_args(query_emb, k, self.dim, self.num_blocks)
         world, rank, device = dist.get_world_size(self.group), dist.get_rank(self.group), self.block_emb.device
         counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
         dist.all_gather(counts, torch.tensor([query_emb.shape[0]], device=device), group=self.group)
@@ -603,6 +587,35 @@ def _index_folder_problem(folder: str) -> str | None:
     if foreign:
         return f"it holds files that are not part of a block index {foreign}; save the index into its own (sub)folder"
     return None
+
+
+def _open_index_folder(directory: Path) -> tuple[dict, torch.Tensor, np.memmap]:
+    """(index_config, memory-mapped block_emb [num_blocks, dim], its np.memmap) of a saved index folder, the two
+    checked against each other."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"block index directory {directory} does not exist")
+    config_path, emb_path = directory / INDEX_CONFIG_NAME, directory / BLOCK_EMB_NAME
+    config = _read_config(config_path)
+    block_emb, mmap = _mmap_safetensors(emb_path)
+    if tuple(block_emb.shape) != (config["num_blocks"], config["dim"]):
+        raise ValueError(
+            f"{emb_path} holds {block_emb.shape[0]} x {block_emb.shape[1]} embeddings but {config_path} says "
+            f"num_blocks={config['num_blocks']}, dim={config['dim']}"
+        )
+    return config, block_emb, mmap
+
+
+def _check_search_args(query_emb: torch.Tensor, k, dim: int, num_blocks: int) -> int:
+    """Refuse queries that are not [num_queries, dim] and a k outside [1, num_blocks] -> k as an int (numpy and 0-d
+    tensor ints accepted)."""
+    if not isinstance(query_emb, torch.Tensor) or query_emb.dim() != 2 or query_emb.shape[1] != dim:
+        shape = tuple(query_emb.shape) if hasattr(query_emb, "shape") else type(query_emb).__name__
+        raise ValueError(f"query_emb must be [num_queries, dim={dim}], got {shape}")
+    if isinstance(k, (np.integer, torch.Tensor)) and not isinstance(k, bool):
+        k = int(k)  # numpy / 0-d tensor ints from callers
+    if not isinstance(k, int) or not 1 <= k <= num_blocks:
+        raise ValueError(f"k must be an int in [1, num_blocks={num_blocks}], got k={k!r}")
+    return k
 
 
 def _read_config(path: Path) -> dict:

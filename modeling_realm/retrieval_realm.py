@@ -574,7 +574,8 @@ class RealmRetriever:
         else:
             link_or_copy(source, target)
         if self._index is not None:
-            self._index.save_pretrained(os.path.join(directory, BLOCK_INDEX_DIR))
+            os.mkdir(os.path.join(directory, BLOCK_INDEX_DIR))
+            self._index.write_files(os.path.join(directory, BLOCK_INDEX_DIR))
         self.tokenizer.save_pretrained(directory)
 
     def iter_records(self, batch_size: int = 4096):

@@ -156,7 +156,7 @@ def test_failed_write_leaves_the_previous_index_intact_and_no_temporary_folder(c
         (Path(directory) / "index_config.json").write_text("{}")
         raise OSError("disk full")
 
-    monkeypatch.setattr(RealmBlockIndex, "_write_files", fail_half_way)
+    monkeypatch.setattr(RealmBlockIndex, "write_files", fail_half_way)
     with pytest.raises(OSError, match="disk full"):
         build_index(embedder, corpus, root, layout=layout, progress=False)
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "corpus" not in p.parts)

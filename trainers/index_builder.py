@@ -11,10 +11,11 @@ as Google's refresher and encode_blocks.py do.
 Output layout (`layout="versioned"`, the default) -- one immutable folder per version, like Google's refresher, which
 renames export/temp/<ts> to export/encoded/<ts> and keeps the newest 3:
 
-    OUTPUT/v000003/block_index/       RealmBlockIndex.save_pretrained: index_config.json (records version 3),
+    OUTPUT/v000003/block_index/       RealmBlockIndex.write_files: index_config.json (records version 3),
                                       block_emb.safetensors, faiss.index
     OUTPUT/v000003/build_info.json    provenance: corpus path + fingerprint, embedder, dtype, timings
-    OUTPUT/.v000004.tmp-xxxx/         a build in progress (hidden; renamed to v000004 when complete)
+    OUTPUT/.v000004.saving-HOST-PID-x/  a build in progress (hidden; renamed to v000004 when complete; removed by the
+                                      next write of v000004 if its process died, see file_utils.clean_leftovers)
 
 The rename of the version folder is the one atomic commit: readers take the highest complete `vNNNNNN`
 (`latest_index_dir`), so there is no pointer file that could disagree with the folders after a crash, and a slow
@@ -36,7 +37,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from openrealm import RealmBlockIndex
-from openrealm.file_utils import apply_umask_modes
+from openrealm.file_utils import atomic_directory
 from openrealm.index_realm import INDEX_TYPES, resolve_index_params
 from openrealm.tokenization.corpus import batch_retriever_inputs, load_corpus, read_corpus_config
 from openrealm.trainers.towers import check_corpus_ids, fit_length, load_embedder
@@ -336,16 +336,10 @@ def _write_version(index, output_dir: Path, build_info: dict, keep: int | None) 
     target = output_dir / name
     if target.exists():
         raise FileExistsError(f"index version {target} already exists; versions are immutable, pick a new --version")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=output_dir))
-    try:
-        index.save_pretrained(staging / INDEX_SUBDIR)
-        _write_json(staging / BUILD_INFO_NAME, build_info)
-        apply_umask_modes(staging)  # mkdtemp's 0700: other users of a shared index root must read the version
-        os.rename(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with atomic_directory(target) as staging:  # refuses a version that appears meanwhile
+        (Path(staging) / INDEX_SUBDIR).mkdir()
+        index.write_files(Path(staging) / INDEX_SUBDIR)
+        _write_json(Path(staging) / BUILD_INFO_NAME, build_info)
     _fsync_dir(output_dir)
     if keep:
         for old in list_versions(output_dir)[:-keep]:

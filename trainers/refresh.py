@@ -69,6 +69,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from openrealm.file_utils import clean_leftovers
 from openrealm.trainers.index_builder import build_index, list_versions, load_index, version_dir_name
 
 logger = logging.getLogger(__name__)
@@ -579,8 +580,7 @@ class IndexRefreshCallback(TrainerCallback):
                 process.wait()
         if process is not None and process.returncode == 0:
             return  # it finished: the version stays on disk for later use
-        for staging in self.index_root.glob(f".{version_dir_name(build['version'])}.tmp-*"):
-            shutil.rmtree(staging, ignore_errors=True)
+        clean_leftovers(self.index_root / version_dir_name(build["version"]))  # its staging folder: its pid is dead
         shutil.rmtree(build["snapshot_dir"], ignore_errors=True)
 
     def _fail(self, build: dict, global_step: int, reason: str) -> None:
