@@ -34,6 +34,10 @@ INDEX_TYPES = ("exact", "flat", "ivf", "hnsw", "ivfpq", "pq")
 INDEX_CONFIG_NAME = "index_config.json"
 BLOCK_EMB_NAME = "block_emb.safetensors"
 FAISS_INDEX_NAME = "faiss.index"
+REMOVED_IDS_NAME = "removed_ids.safetensors"  # blocks removed from the corpus: never returned by a search
+EMBEDDER_DIR = "embedder"  # the RealmEmbedder that made block_emb: it embeds blocks added later (corpus add)
+APPROXIMATE_TYPES = ("ivf", "hnsw", "ivfpq", "pq")
+DEFAULT_MAX_DRIFT = 0.1  # an approximate index changed by more than 10% since it was trained says it needs a rebuild
 FORMAT_VERSION = 1
 _GPU_MAX_K = 2048  # faiss GPU indexes return at most 2048 neighbours per query
 
@@ -75,16 +79,24 @@ def default_chunk_size(device: torch.device) -> int:
 
 
 def torch_exact_search(
-    block_emb: torch.Tensor, query_emb: torch.Tensor, k: int, chunk_size: int | None = None
+    block_emb: torch.Tensor,
+    query_emb: torch.Tensor,
+    k: int,
+    chunk_size: int | None = None,
+    excluded: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k inner products. block_emb [N, D], query_emb [Q, D] -> (scores [Q, k] float32, ids [Q, k] int64).
 
     Runs on block_emb's device and returns on query_emb's device. Blocks are scored chunk_size rows at a time and the
-    per-chunk top-k merged, so the [Q, N] score matrix (Q=64, N=13M: 3.4 GB) is never materialised.
+    per-chunk top-k merged, so the [Q, N] score matrix (Q=64, N=13M: 3.4 GB) is never materialised. `excluded`: sorted
+    row ids [R] never returned (removed blocks); k must not exceed the N - R others.
     """
     num_blocks = block_emb.shape[0]
-    if not 1 <= k <= num_blocks:
-        raise ValueError(f"k must be in [1, num_blocks={num_blocks}], got k={k}")
+    num_excluded = 0 if excluded is None else excluded.numel()
+    if not 1 <= k <= num_blocks - num_excluded:
+        raise ValueError(f"k must be in [1, {num_blocks - num_excluded} searchable blocks], got k={k}")
+    if num_excluded:
+        excluded = excluded.to(block_emb.device)
     chunk_size = chunk_size or default_chunk_size(block_emb.device)
     q = query_emb.detach().to(block_emb.device, block_emb.dtype)
     # One reusable score buffer: allocating (and page-faulting) a fresh one per chunk costs more than the top-k.
@@ -94,6 +106,11 @@ def torch_exact_search(
         for start in range(0, num_blocks, chunk_size):
             chunk = block_emb[start : start + chunk_size]
             scores = torch.mm(q, chunk.T, out=buffer[: q.shape[0] * chunk.shape[0]].view(q.shape[0], chunk.shape[0]))
+            if num_excluded:
+                lo, hi = torch.searchsorted(
+                    excluded, torch.tensor([start, start + chunk.shape[0]], device=excluded.device)
+                )
+                scores[:, excluded[lo:hi] - start] = float("-inf")
             top_scores, top_ids = scores.topk(min(k, chunk.shape[0]), dim=1)
             top_scores, top_ids = top_scores.float(), top_ids + start
             if best_scores is not None:
@@ -106,7 +123,13 @@ def torch_exact_search(
 
 class RealmBlockIndex:
     """MIPS over block embeddings [num_blocks, dim]. index_type 'exact' = torch matmul + top-k (works on any torch
-    device); 'flat' = faiss IndexFlatIP (exact); 'ivf', 'hnsw', 'ivfpq', 'pq' = approximate faiss indexes."""
+    device); 'flat' = faiss IndexFlatIP (exact); 'ivf', 'hnsw', 'ivfpq', 'pq' = approximate faiss indexes.
+
+    A living corpus changes the index without re-embedding it: `add` appends rows (new blocks get the next ids),
+    `remove` marks ids that no search returns again (`removed_ids`); block ids that stay never change. Approximate
+    indexes take additions without retraining; once more than `max_drift` of their rows were added or removed since
+    training, `needs_rebuild` says so. `embedder` is the RealmEmbedder (or the folder of one) that made block_emb, saved
+    with the index so that blocks added later are embedded alike."""
 
     def __init__(
         self,
@@ -116,6 +139,10 @@ class RealmBlockIndex:
         faiss_index=None,
         params: dict | None = None,
         metadata: dict | None = None,
+        removed_ids: torch.Tensor | None = None,
+        trained_num_blocks: int | None = None,
+        max_drift: float = DEFAULT_MAX_DRIFT,
+        embedder=None,
     ):
         if index_type not in INDEX_TYPES:
             raise ValueError(f"unknown index_type '{index_type}', expected one of {INDEX_TYPES}")
@@ -142,6 +169,10 @@ class RealmBlockIndex:
         self.params = dict(params or {})
         # Provenance saved with the index (corpus fingerprint, embedder, timings...): JSON-serialisable values only.
         self.metadata = dict(metadata or {})
+        self.removed_ids = _check_removed_ids(removed_ids, block_emb.shape[0])
+        self.trained_num_blocks = int(trained_num_blocks or block_emb.shape[0])  # rows the index was trained on
+        self.max_drift = float(max_drift)
+        self.embedder = embedder  # None, a RealmEmbedder or the Path of a saved one (see load_embedder)
         self._mmap = None  # the np.memmap behind block_emb when loaded by from_pretrained
         self._gpu_resources = None  # faiss StandardGpuResources; must outlive the GPU index
         self._faiss_gpu = None  # GPU ordinal of the faiss index, None on CPU
@@ -158,6 +189,80 @@ class RealmBlockIndex:
     @property
     def device(self) -> torch.device:
         return self.block_emb.device
+
+    @property
+    def num_searchable(self) -> int:
+        """Blocks a search can return: all rows but the removed ones."""
+        return self.num_blocks - self.removed_ids.numel()
+
+    @property
+    def drift(self) -> float:
+        """Rows added or removed since the faiss index was trained, as a fraction of the rows it was trained on."""
+        changed = abs(self.num_blocks - self.trained_num_blocks) + self.removed_ids.numel()
+        return changed / self.trained_num_blocks
+
+    @property
+    def needs_rebuild(self) -> bool:
+        """True for an approximate index changed by more than max_drift since training: its clusters or codes no
+        longer fit the corpus well, so recall may have dropped (rebuild it: openrealm index build). Exact never."""
+        return self.index_type in APPROXIMATE_TYPES and self.drift > self.max_drift
+
+    def add(self, block_emb: torch.Tensor | np.ndarray) -> RealmBlockIndex:
+        """A new index (version + 1) holding these rows too: new_emb [M, dim] get ids num_blocks .. num_blocks + M - 1.
+        A faiss index gets them added to a copy, without retraining; this index is not changed (a retriever using it
+        swaps to the new one whole)."""
+        new = torch.as_tensor(block_emb).detach()
+        if new.dim() != 2 or new.shape[1] != self.dim or not new.is_floating_point() or new.shape[0] < 1:
+            raise ValueError(f"added embeddings must be [num_new >= 1, dim={self.dim}] floats, got {tuple(new.shape)}")
+        new = new.to("cpu", self.block_emb.dtype).contiguous()
+        _check_finite(new, source="the added embeddings")
+        faiss_index = None
+        if self.faiss_index is not None:
+            on_cpu = faiss.index_gpu_to_cpu(self.faiss_index) if self._gpu_resources is not None else self.faiss_index
+            faiss_index = faiss.clone_index(on_cpu)
+            faiss_index.add(new.float().numpy())
+        index = self._changed(torch.cat([self.block_emb.cpu(), new]), faiss_index, self.removed_ids)
+        return index.to(self.device) if self.device.type != "cpu" else index
+
+    def remove(self, ids) -> RealmBlockIndex:
+        """A new index (version + 1) that never returns the blocks `ids` (any iterable of ints); rows and all other
+        ids stay as they are. Removing a removed block again changes nothing."""
+        ids = torch.as_tensor(list(ids) if not isinstance(ids, (torch.Tensor, np.ndarray)) else ids, dtype=torch.long)
+        ids = ids.reshape(-1).cpu()
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.num_blocks):
+            raise IndexError(f"block ids to remove must be in [0, {self.num_blocks}), got [{ids.min()}, {ids.max()}]")
+        removed = torch.unique(torch.cat([self.removed_ids, ids]))
+        if removed.numel() >= self.num_blocks:
+            raise ValueError("removing these blocks would leave the index with no block to retrieve")
+        index = self._changed(self.block_emb, self.faiss_index, removed)
+        index._mmap, index._gpu_resources, index._faiss_gpu = self._mmap, self._gpu_resources, self._faiss_gpu
+        return index
+
+    def _changed(self, block_emb: torch.Tensor, faiss_index, removed_ids: torch.Tensor) -> RealmBlockIndex:
+        return RealmBlockIndex(
+            block_emb,
+            self.index_type,
+            self.version + 1,
+            faiss_index,
+            self.params,
+            self.metadata,
+            removed_ids=removed_ids,
+            trained_num_blocks=self.trained_num_blocks,
+            max_drift=self.max_drift,
+            embedder=self.embedder,
+        )
+
+    def load_embedder(self, device: str | torch.device | None = None):
+        """The RealmEmbedder that made block_emb, in eval mode (loaded from the index folder's embedder/ when saved
+        there); None when the index holds none (e.g. converted from a 4.x checkpoint)."""
+        embedder = self.embedder
+        if isinstance(embedder, (str, os.PathLike)):
+            from .modeling_realm import RealmEmbedder
+
+            embedder = RealmEmbedder.from_pretrained(embedder)
+        if embedder is not None:
+            embedder = embedder.eval() if device is None else embedder.to(device).eval()
+        return embedder
 
     @property
     def is_memory_mapped(self) -> bool:
@@ -240,16 +345,17 @@ class RealmBlockIndex:
 
         Scores are always the exact inner products query_emb . block_emb[id], whatever index found the ids.
         """
-        k = _check_search_args(query_emb, k, self.dim, self.num_blocks)
+        k = _check_search_args(query_emb, k, self.dim, self.num_searchable)
         chunk_size = self.params.get("chunk_size")
+        excluded = self.removed_ids if self.removed_ids.numel() else None
         on_gpu = self._gpu_resources is not None
         if self.faiss_index is None or (on_gpu and k > _GPU_MAX_K):
-            return torch_exact_search(self.block_emb, query_emb, k, chunk_size=chunk_size)
+            return torch_exact_search(self.block_emb, query_emb, k, chunk_size=chunk_size, excluded=excluded)
 
         # Fetch k * rerank candidates, re-score them exactly and keep the best k.
         num_fetch = min(self.num_blocks, k * self.params.get("rerank", 1), _GPU_MAX_K if on_gpu else self.num_blocks)
         query_np = query_emb.detach().to("cpu", torch.float32).contiguous().numpy()
-        _, ids = self.faiss_index.search(query_np, num_fetch)
+        ids = self._faiss_search(query_np, num_fetch)
         ids = torch.from_numpy(ids).to(self.device)
         q = query_emb.detach().to(self.device, torch.float32)
         candidates = self.block_emb[ids.clamp(min=0)].float()  # [Q, num_fetch, dim]
@@ -262,8 +368,28 @@ class RealmBlockIndex:
         # such queries fall back to exact search rather than returning made-up ids.
         short = (ids < 0).any(dim=1)
         if short.any():
-            scores[short], ids[short] = torch_exact_search(self.block_emb, q[short], k, chunk_size=chunk_size)
+            scores[short], ids[short] = torch_exact_search(self.block_emb, q[short], k, chunk_size, excluded)
         return scores.to(query_emb.device), ids.to(query_emb.device)
+
+    def _faiss_search(self, query: np.ndarray, num_fetch: int) -> np.ndarray:
+        """faiss candidate ids [Q, num_fetch] (-1 = none), removed blocks left out: faiss skips them itself where it
+        can (an IDSelector: flat, IVF, HNSW on CPU); elsewhere (PQ, GPU) they are fetched, then blanked to -1."""
+        if not self.removed_ids.numel():
+            return self.faiss_index.search(query, num_fetch)[1]
+        removed = self.removed_ids.numpy()
+        if self._gpu_resources is None and self.index_type != "pq":
+            selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(removed))
+            if self.index_type in ("ivf", "ivfpq"):
+                params = faiss.SearchParametersIVF(sel=selector, nprobe=self.params["nprobe"])
+            elif self.index_type == "hnsw":
+                params = faiss.SearchParametersHNSW(sel=selector, efSearch=self.params["ef_search"])
+            else:
+                params = faiss.SearchParameters(sel=selector)
+            return self.faiss_index.search(query, num_fetch, params=params)[1]
+        cap = _GPU_MAX_K if self._gpu_resources is not None else self.num_blocks
+        ids = self.faiss_index.search(query, min(num_fetch + removed.size, cap))[1]
+        ids[np.isin(ids, removed)] = -1
+        return ids
 
     def embeddings(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of block_emb: ids of any shape [...] -> [..., dim], on ids' device."""
@@ -276,7 +402,8 @@ class RealmBlockIndex:
         """Fraction of the reference top-k ids (default: exact torch search) found in this index's top-k, averaged
         over the queries query_emb [Q, dim]."""
         if reference is None:
-            _, ref_ids = torch_exact_search(self.block_emb, query_emb, k)
+            excluded = self.removed_ids if self.removed_ids.numel() else None
+            _, ref_ids = torch_exact_search(self.block_emb, query_emb, k, excluded=excluded)
         elif reference.num_blocks != self.num_blocks or reference.dim != self.dim:
             raise ValueError(
                 f"reference index is {reference.num_blocks} x {reference.dim}, this one {self.num_blocks} x {self.dim}"
@@ -348,6 +475,9 @@ class RealmBlockIndex:
             "dim": self.dim,
             "params": self.params,
             "metadata": self.metadata,
+            "num_removed": self.removed_ids.numel(),
+            "trained_num_blocks": self.trained_num_blocks,
+            "max_drift": self.max_drift,
         }
         (directory / INDEX_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         unchanged = self._unchanged_block_emb_file()
@@ -358,9 +488,18 @@ class RealmBlockIndex:
         if self.faiss_index is not None:
             index = faiss.index_gpu_to_cpu(self.faiss_index) if self._gpu_resources is not None else self.faiss_index
             faiss.write_index(index, str(directory / FAISS_INDEX_NAME))
-        for path in directory.iterdir():  # the data must be on disk before the rename makes it visible
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
+        if self.removed_ids.numel():
+            save_file({"removed_ids": self.removed_ids}, str(directory / REMOVED_IDS_NAME))
+        if isinstance(self.embedder, (str, os.PathLike)):
+            (directory / EMBEDDER_DIR).mkdir()
+            for path in Path(self.embedder).iterdir():
+                link_or_copy(path, directory / EMBEDDER_DIR / path.name)
+        elif self.embedder is not None:
+            self.embedder.save_pretrained(directory / EMBEDDER_DIR)
+        for path in [*directory.iterdir(), *directory.glob(f"{EMBEDDER_DIR}/*")]:  # on disk before the rename
+            if path.is_file():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
 
     @classmethod
     def from_pretrained(
@@ -373,8 +512,18 @@ class RealmBlockIndex:
         faiss_index = None
         if config["index_type"] != "exact":
             faiss_index = _read_faiss(directory / FAISS_INDEX_NAME, config["index_type"], block_emb.shape)
+        embedder_dir = directory / EMBEDDER_DIR
         index = cls(
-            block_emb, config["index_type"], config["version"], faiss_index, config["params"], config.get("metadata")
+            block_emb,
+            config["index_type"],
+            config["version"],
+            faiss_index,
+            config["params"],
+            config.get("metadata"),
+            removed_ids=_read_removed_ids(directory, config),
+            trained_num_blocks=config.get("trained_num_blocks"),
+            max_drift=config.get("max_drift", DEFAULT_MAX_DRIFT),
+            embedder=embedder_dir.absolute() if embedder_dir.is_dir() else None,
         )
         index._mmap = mmap
         return index.to(device) if device is not None else index
@@ -397,7 +546,11 @@ class ShardedBlockIndex:
         num_blocks: int,
         group: torch.distributed.ProcessGroup | None = None,
         chunk_size: int | None = None,
+        num_searchable: int | None = None,
+        excluded: torch.Tensor | None = None,
     ):
+        """excluded: sorted removed ids inside this shard, relative to offset; num_searchable: blocks of the whole
+        index a search may return (num_blocks minus every shard's removed ones)."""
         if block_emb_shard.dim() != 2 or not block_emb_shard.is_floating_point():
             raise ValueError(f"block_emb_shard must be a 2-D float tensor, got {tuple(block_emb_shard.shape)}")
         if not 0 <= offset <= offset + block_emb_shard.shape[0] <= num_blocks:
@@ -406,6 +559,8 @@ class ShardedBlockIndex:
             )
         self.block_emb = block_emb_shard
         self.offset, self.num_blocks, self.group, self.chunk_size = int(offset), int(num_blocks), group, chunk_size
+        self.num_searchable = int(num_searchable if num_searchable is not None else num_blocks)
+        self.excluded = excluded if excluded is not None and excluded.numel() else None
 
     @staticmethod
     def shard_range(num_blocks: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -436,14 +591,19 @@ class ShardedBlockIndex:
         _check_finite(shard, source=str(directory / BLOCK_EMB_NAME))
         if config["index_type"] != "exact":
             warnings.warn(f"{directory} holds a '{config['index_type']}' index; shards search exactly", stacklevel=2)
-        return cls(shard.to(device) if device is not None else shard, start, block_emb.shape[0], group)
+        removed = _read_removed_ids(directory, config)
+        removed = torch.zeros(0, dtype=torch.long) if removed is None else removed
+        mine = removed[(removed >= start) & (removed < stop)] - start
+        shard = shard.to(device) if device is not None else shard
+        num_searchable = block_emb.shape[0] - removed.numel()
+        return cls(shard, start, block_emb.shape[0], group, num_searchable=num_searchable, excluded=mine)
 
     def search(self, query_emb: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Collective. query_emb [Q, dim] of this rank -> (scores [Q, k] float32, ids [Q, k] int64, global ids), best
         first, on query_emb's device."""
         import torch.distributed as dist
 
-        k = _check_search_args(query_emb, k, self.dim, self.num_blocks)
+        k = _check_search_args(query_emb, k, self.dim, self.num_searchable)
         world, rank, device = dist.get_world_size(self.group), dist.get_rank(self.group), self.block_emb.device
         counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
         dist.all_gather(counts, torch.tensor([query_emb.shape[0]], device=device), group=self.group)
@@ -456,9 +616,11 @@ class ShardedBlockIndex:
 
         scores = torch.full((queries.shape[0], k), float("-inf"), device=device)
         ids = torch.full((queries.shape[0], k), -1, dtype=torch.long, device=device)
-        if self.block_emb.shape[0] and queries.shape[0]:
-            local_k = min(k, self.block_emb.shape[0])
-            found_scores, found_ids = torch_exact_search(self.block_emb, queries, local_k, self.chunk_size)
+        local_k = min(k, self.block_emb.shape[0] - (0 if self.excluded is None else self.excluded.numel()))
+        if local_k and queries.shape[0]:
+            found_scores, found_ids = torch_exact_search(
+                self.block_emb, queries, local_k, self.chunk_size, excluded=self.excluded
+            )
             scores[:, :local_k], ids[:, :local_k] = found_scores, found_ids + self.offset
         all_scores = [torch.empty_like(scores) for _ in range(world)]
         all_ids = [torch.empty_like(ids) for _ in range(world)]
@@ -472,7 +634,7 @@ class ShardedBlockIndex:
         return merged_scores.gather(1, order).to(query_emb.device), merged_ids.gather(1, order).to(query_emb.device)
 
 
-_INDEX_FILES = (INDEX_CONFIG_NAME, BLOCK_EMB_NAME, FAISS_INDEX_NAME)
+_INDEX_FILES = (INDEX_CONFIG_NAME, BLOCK_EMB_NAME, FAISS_INDEX_NAME, REMOVED_IDS_NAME, EMBEDDER_DIR)
 _CONFIG_KEYS = {
     "format_version": int,
     "index_type": str,
@@ -603,6 +765,47 @@ def _open_index_folder(directory: Path) -> tuple[dict, torch.Tensor, np.memmap]:
             f"num_blocks={config['num_blocks']}, dim={config['dim']}"
         )
     return config, block_emb, mmap
+
+
+def _check_removed_ids(removed_ids, num_blocks: int, source: str = "removed_ids") -> torch.Tensor:
+    """Removed block ids as a sorted, unique int64 CPU tensor [R], each in [0, num_blocks), leaving one block at least."""
+    if removed_ids is None:
+        return torch.zeros(0, dtype=torch.long)
+    ids = torch.as_tensor(removed_ids).reshape(-1)
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"{source} must hold integer block ids, got {ids.dtype}")
+    ids = ids.to("cpu", torch.long)
+    if ids.numel() and (ids.min() < 0 or ids.max() >= num_blocks):
+        raise ValueError(f"{source} holds ids outside [0, {num_blocks}): [{int(ids.min())}, {int(ids.max())}]")
+    ids = torch.unique(ids)
+    if ids.numel() >= num_blocks:
+        raise ValueError(f"{source} removes all {num_blocks} blocks")
+    return ids
+
+
+def _read_removed_ids(directory: Path, config: dict) -> torch.Tensor | None:
+    """The removed block ids saved in an index folder (None when it has none), checked against its config."""
+    path = directory / REMOVED_IDS_NAME
+    expected = config.get("num_removed", 0)
+    if not path.is_file():
+        if expected:
+            raise FileNotFoundError(
+                f"{directory / INDEX_CONFIG_NAME} says {expected} blocks were removed but {path} is missing"
+            )
+        return None
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        ids = load_file(str(path)).get("removed_ids")
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{path} is not a readable safetensors file ({error})") from error
+    if ids is None:
+        raise ValueError(f"{path} has no tensor 'removed_ids'")
+    ids = _check_removed_ids(ids, config["num_blocks"], source=str(path))
+    if ids.numel() != expected:
+        raise ValueError(f"{path} holds {ids.numel()} removed ids but {directory / INDEX_CONFIG_NAME} says {expected}")
+    return ids
 
 
 def _check_search_args(query_emb: torch.Tensor, k, dim: int, num_blocks: int) -> int:

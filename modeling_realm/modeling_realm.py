@@ -987,6 +987,8 @@ class RealmForOpenQA(RealmPreTrainedModel):
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         retriever = self._require_retriever()
+        if not self.training:  # serving: a new corpus version written to the retriever's folder is picked up here
+            retriever.reload_if_updated()
         self._block_index()
         if input_ids is None:
             raise ValueError("RealmForOpenQA needs input_ids [B, L] of the questions.")
@@ -994,13 +996,14 @@ class RealmForOpenQA(RealmPreTrainedModel):
             input_ids = input_ids.unsqueeze(0)
         batch_size = input_ids.shape[0]
         num_blocks = retriever.index.num_blocks
-        num_read = min(reader_beam_size or self.config.reader_beam_size, num_blocks)
+        num_searchable = retriever.index.num_searchable  # removed blocks are never retrieved
+        num_read = min(reader_beam_size or self.config.reader_beam_size, num_searchable)
         if retrieved_block_ids is not None:
             retrieved_block_ids = check_retrieved_block_ids(retrieved_block_ids, batch_size, num_blocks)
             num_read = min(num_read, retrieved_block_ids.shape[1])
         if searcher_beam_size is None:
             searcher_beam_size = self.config.searcher_beam_size if self.training else num_read
-        num_retrieved = min(max(searcher_beam_size, num_read), num_blocks)
+        num_retrieved = min(max(searcher_beam_size, num_read), num_searchable)
         answers = normalize_answer_ids(answer_ids, batch_size)
         gold_block_ids = normalize_gold_block_ids(gold_block_ids, batch_size)
         if gold_passages is not None and len(gold_passages) != batch_size:

@@ -56,7 +56,29 @@ def unwritable_cache_error(folder: str, error: OSError) -> PermissionError:
     )
 
 
-class SequenceBlockRecords:
+class _DerivedRecordAccess:
+    """The 4.x-style accessors of in-memory block records, from their `texts`, `titles` and `text_bytes`."""
+
+    def text(self, block_id: int) -> str:
+        return self.texts([block_id])[0]
+
+    def title(self, block_id: int) -> str:
+        return self.titles([block_id])[0]
+
+    def record(self, block_id: int) -> dict[str, str]:
+        """One block as {"title": ..., "text": ...} (decoded)."""
+        return {"title": self.title(block_id), "text": self.text(block_id)}
+
+    def __getitem__(self, key) -> bytes | np.ndarray:
+        """The 4.x `block_records[key]`: bytes for an integer, a numpy object array of bytes for a slice, integer ids
+        or a boolean mask (see `index_block_bytes`)."""
+        return index_block_bytes(key, len(self), self.text_bytes)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (self.text_bytes(i) for i in range(len(self)))
+
+
+class SequenceBlockRecords(_DerivedRecordAccess):
     """Block records held in memory: a sequence of texts (bytes or str), as the 4.x `RealmRetriever` took them."""
 
     def __init__(self, texts: Sequence, titles: Sequence | None = None):
@@ -91,23 +113,40 @@ class SequenceBlockRecords:
         value = self._texts[block_id]
         return bytes(value) if isinstance(value, (bytes, np.bytes_)) else str(value).encode("utf-8")
 
-    def text(self, block_id: int) -> str:
-        return self.texts([block_id])[0]
 
-    def title(self, block_id: int) -> str:
-        return self.titles([block_id])[0]
+class ExtendedBlockRecords(_DerivedRecordAccess):
+    """Block records with blocks appended in memory (`RealmRetriever.add_blocks`): ids 0..len(base)-1 are base's,
+    the next ones the added (title, text) pairs. `save_pretrained` writes them all into one block records file."""
 
-    def record(self, block_id: int) -> dict[str, str]:
-        """One block as {"title": ..., "text": ...} (decoded)."""
-        return {"title": self.title(block_id), "text": self.text(block_id)}
+    def __init__(self, base, titles: Sequence[str], texts: Sequence[str]):
+        if isinstance(base, ExtendedBlockRecords):  # one level: the base records plus every added block
+            base, titles, texts = base.base, [*base.added._titles, *titles], [*base.added._texts, *texts]
+        self.base = base
+        self.added = SequenceBlockRecords(list(texts), list(titles))
 
-    def __getitem__(self, key) -> bytes | np.ndarray:
-        """The 4.x `block_records[key]`: bytes for an integer, a numpy object array of bytes for a slice, integer ids
-        or a boolean mask (see `index_block_bytes`)."""
-        return index_block_bytes(key, len(self), self.text_bytes)
+    def __len__(self) -> int:
+        return len(self.base) + len(self.added)
 
-    def __iter__(self) -> Iterator[bytes]:
-        return (self.text_bytes(i) for i in range(len(self)))
+    def _split(self, field: str, ids) -> list[str]:
+        ids = np.asarray(ids.detach().cpu() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
+            raise IndexError(f"block ids must be in [0, {len(self)}), got [{ids.min()}, {ids.max()}]")
+        out, n = [""] * ids.size, len(self.base)
+        for part, records, shift in ((ids < n, self.base, 0), (ids >= n, self.added, n)):
+            if part.any():
+                for j, value in zip(np.flatnonzero(part), getattr(records, field)(ids[part] - shift)):
+                    out[j] = value
+        return out
+
+    def texts(self, ids) -> list[str]:
+        return self._split("texts", ids)
+
+    def titles(self, ids) -> list[str]:
+        return self._split("titles", ids)
+
+    def text_bytes(self, block_id: int) -> bytes:
+        n = len(self.base)
+        return self.base.text_bytes(block_id) if block_id < n else self.added.text_bytes(block_id - n)
 
 
 def normalize_answer_ids(answer_ids, batch_size: int) -> list[list[list[int]]] | None:
@@ -260,6 +299,10 @@ class RealmRetriever:
         self._index = None
         if index is not None:
             self.swap_index(index)
+        # The local folder this retriever was loaded from and the identity of its files then: `reload_if_updated`
+        # compares them to pick up a new version written there (corpus add / remove) without a restart.
+        self.source_folder: str | None = None
+        self._source_stamp: tuple | None = None
 
     # ----------------------------------------------------------------------------------------------------------------
     # Index
@@ -294,9 +337,129 @@ class RealmRetriever:
         """query_emb [Q, P] -> (scores [Q, k], block ids [Q, k]), best first."""
         with self._index_lock:
             index = self.index
-        if k > index.num_blocks:
-            raise ValueError(f"Cannot retrieve {k} blocks from a corpus of {index.num_blocks} blocks.")
+        if k > index.num_searchable:
+            raise ValueError(f"Cannot retrieve {k} blocks from a corpus of {index.num_searchable} blocks.")
         return index.search(query_emb, k)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # A living corpus: add and remove blocks, pick up a new version
+    # ----------------------------------------------------------------------------------------------------------------
+
+    def add_blocks(
+        self,
+        titles: Sequence[str],
+        texts: Sequence[str],
+        block_emb: torch.Tensor | None = None,
+        embedder: torch.nn.Module | None = None,
+        max_length: int = 288,
+        batch_size: int = 32,
+    ) -> list[int]:
+        """Append blocks (one title and one block-sized text each) to the corpus and the index; returns their ids,
+        num_blocks .. num_blocks + M - 1. Existing ids never change, so provenance stays valid.
+
+        block_emb [M, P]: their embeddings; else they are embedded as `[CLS] title [SEP] text [SEP]` by `embedder`,
+        by default the index's own snapshot (`index.load_embedder()`: the tower that embedded the other blocks). A
+        block longer than max_length wordpieces is refused (split articles into blocks first: `openrealm corpus add`
+        does). Takes effect for the next search; `save_pretrained` writes the new version."""
+        titles, texts = [str(title) for title in titles], [str(text) for text in texts]
+        if len(titles) != len(texts) or not texts:
+            raise ValueError(
+                f"add_blocks needs as many titles as texts, at least one: got {len(titles)} and {len(texts)}"
+            )
+        if not self.has_index:  # records alone (a corpus not indexed yet): the index built later embeds them
+            with self._index_lock:
+                first = len(self.block_records)
+                self.block_records = ExtendedBlockRecords(self.block_records, titles, texts)
+            return list(range(first, first + len(texts)))
+        index = self.index
+        if block_emb is None:
+            embedder = embedder if embedder is not None else index.load_embedder()
+            if embedder is None:
+                raise ValueError(
+                    "The index stores no embedder snapshot (e.g. it was converted from a 4.x checkpoint): pass the "
+                    "embedder that made its block embeddings (embedder=RealmEmbedder.from_pretrained(...))."
+                )
+            block_emb = self.embed_blocks(embedder, titles, texts, max_length, batch_size)
+        elif tuple(block_emb.shape) != (len(texts), index.dim):
+            raise ValueError(f"block_emb must be [{len(texts)}, {index.dim}], got {tuple(block_emb.shape)}")
+        new_index = index.add(block_emb)
+        with self._index_lock:
+            first = len(self.block_records)
+            self.block_records = ExtendedBlockRecords(self.block_records, titles, texts)
+            self._index = new_index
+        return list(range(first, first + len(texts)))
+
+    def embed_blocks(
+        self,
+        embedder: torch.nn.Module,
+        titles: Sequence[str],
+        texts: Sequence[str],
+        max_length: int = 288,
+        batch_size: int = 32,
+    ) -> torch.Tensor:
+        """`[CLS] title [SEP] text [SEP]` of each block through `embedder` (eval mode, no grad) -> float32 CPU [M, P]."""
+        device = next(embedder.parameters()).device
+        out = []
+        was_training = embedder.training
+        embedder.eval()
+        try:
+            for start in range(0, len(texts), batch_size):
+                pair = (list(titles[start : start + batch_size]), list(texts[start : start + batch_size]))
+                encoded = self.tokenizer(*pair, padding=True, return_tensors="pt")
+                too_long = (encoded["attention_mask"].sum(1) > max_length).nonzero()
+                if len(too_long):
+                    i = start + int(too_long[0, 0])
+                    raise ValueError(
+                        f"block {i} ({titles[i]!r}) has {int(encoded['attention_mask'][i - start].sum())} wordpieces "
+                        f"with its title; a block holds at most {max_length}: split the text into blocks first"
+                    )
+                with torch.no_grad():
+                    out.append(embedder(**encoded.to(device)).projected_score.float().cpu())
+        finally:
+            embedder.train(was_training)
+        return torch.cat(out)
+
+    def remove_blocks(self, block_ids) -> None:
+        """Never retrieve these blocks again (their rows and records stay, so other ids and old provenance hold)."""
+        new_index = self.index.remove(block_ids)
+        with self._index_lock:
+            self._index = new_index
+
+    def block_ids_of_titles(self, titles: Sequence[str], exclude=None) -> list[int]:
+        """Ids of the blocks whose title is one of `titles` (a document's blocks share its title), leaving out
+        `exclude` (default: the index's removed blocks)."""
+        if exclude is None:
+            exclude = self.index.removed_ids if self.has_index else ()
+        wanted, gone, found, step = set(titles), set(np.asarray(exclude).tolist()), [], 4096
+        for start in range(0, len(self.block_records), step):
+            chunk = self.block_records.titles(range(start, min(start + step, len(self.block_records))))
+            found.extend(start + i for i, title in enumerate(chunk) if title in wanted and start + i not in gone)
+        return found
+
+    def reload_if_updated(self) -> bool:
+        """Pick up a new version of the folder this retriever was loaded from (written by `corpus add` / `remove`,
+        an index build, or a save): records and index are swapped together for the next search. Returns whether it
+        did. Costs two stat calls when nothing changed; called by the pipeline between requests and by
+        RealmForOpenQA's forward outside training. A version that cannot be loaded (being replaced) is retried at
+        the next call."""
+        if self.source_folder is None or _folder_stamp(self.source_folder) == self._source_stamp:
+            return False
+        try:
+            fresh = type(self).from_pretrained(self.source_folder, tokenizer=self.tokenizer)
+        except (OSError, ValueError) as error:
+            logger.warning(
+                f"{self.source_folder} changed but cannot be loaded yet ({error}); keeping the current version"
+            )
+            return False
+        index = fresh._index
+        if index is not None and self._index is not None and self._index.device != index.device:
+            index = index.to(self._index.device)
+        with self._index_lock:
+            self.block_records, self._index, self._source_stamp = fresh.block_records, index, fresh._source_stamp
+        logger.info(
+            f"{self.source_folder}: now serving {len(self.block_records)} blocks (index version {index.version if index else None})"
+        )
+        return True
 
     # ----------------------------------------------------------------------------------------------------------------
     # Reader inputs
@@ -509,6 +672,7 @@ class RealmRetriever:
         leaves nothing behind.
         """
         folder = resolve_folder(pretrained_model_name_or_path, **hub_kwargs)
+        stamp = _folder_stamp(folder)  # before reading: a version written meanwhile is picked up by the next reload
         new_records = os.path.join(folder, BLOCK_RECORDS_NAME)
         legacy_records = os.path.join(folder, LEGACY_BLOCK_RECORDS_NAME)
         if os.path.isfile(new_records):
@@ -555,7 +719,10 @@ class RealmRetriever:
                 f"The block embeddings in {folder} have {index.num_blocks} rows but the block records hold "
                 f"{len(records)} blocks."
             )
-        return cls(records, tokenizer, index=index)
+        retriever = cls(records, tokenizer, index=index)
+        if os.path.isfile(new_records) and os.path.isdir(os.fspath(pretrained_model_name_or_path)):
+            retriever.source_folder, retriever._source_stamp = folder, stamp
+        return retriever
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
         """Write block records, index and tokenizer into save_directory, all at once as a loader sees it (staged, then
@@ -595,6 +762,19 @@ class RealmRetriever:
         with tempfile.TemporaryDirectory() as tmp:
             self.save_pretrained(tmp)
             return api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message, **kwargs)
+
+
+def _folder_stamp(folder: str) -> tuple:
+    """Identity of a retriever folder's version: (device, inode, mtime) of its block records and index config; every
+    write replaces both files, so any new version changes it."""
+    stamp = []
+    for path in (os.path.join(folder, BLOCK_RECORDS_NAME), os.path.join(folder, BLOCK_INDEX_DIR, "index_config.json")):
+        try:
+            info = os.stat(path)
+            stamp.append((info.st_dev, info.st_ino, info.st_mtime_ns))
+        except OSError:
+            stamp.append(None)
+    return tuple(stamp)
 
 
 def _kept_beside_retriever(name: str) -> bool:

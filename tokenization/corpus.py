@@ -49,6 +49,7 @@ CORPUS_FORMAT_VERSION = 1
 CONFIG_NAME = "corpus_config.json"
 BLOCKS_DIR = "blocks"
 BLOCK_RECORDS_NAME = "block_records.safetensors"  # the name RealmRetriever.from_pretrained looks for
+REMOVED_IDS_NAME = "removed_ids.safetensors"  # ids of removed blocks (openrealm corpus remove); absent when none
 # Top-level names a corpus folder written before corpus_config.json listed its "files" may hold (tokenizer files).
 _LEGACY_TOKENIZER_FILES = frozenset(
     {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "added_tokens.json"}
@@ -450,7 +451,7 @@ def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
     return tokenizer, getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
 
 
-def _load_articles(source, cache_dir: str):
+def load_articles(source, cache_dir: str):
     """A JSONL path (or list of paths) or a datasets.Dataset -> (Dataset with "title" and "text", name)."""
     from datasets import Dataset, Features, Value
 
@@ -574,27 +575,8 @@ def build_corpus(
         with atomic_directory(output_dir, overwrite, _corpus_folder_problem, inputs=inputs) as staging:
             # datasets' cache files: inside the staging folder, removed below
             scratch = os.path.join(staging, ".scratch")
-            articles, builder.source_name = _load_articles(source, scratch)
-            features = block_features()
-            del features["block_id"]
-            blocks = articles.map(
-                builder,
-                batched=True,
-                batch_size=batch_size,
-                with_indices=True,
-                input_columns=["title", "text"],
-                remove_columns=articles.column_names,
-                features=features,
-                num_proc=num_proc if num_proc > 1 else None,
-                cache_file_name=os.path.join(scratch, "blocks.arrow"),
-                load_from_cache_file=False,
-                new_fingerprint=uuid.uuid4().hex,  # hashing the tokenizer for a fingerprint is slow and useless here
-                desc="Packing articles into blocks",
-            )
-            if len(blocks) == 0:
-                raise ValueError(
-                    f"{builder.source_name} produced no blocks (no article with text passed the page filter)"
-                )
+            articles, builder.source_name = load_articles(source, scratch)
+            blocks = pack_articles(articles, builder, scratch, num_proc=num_proc, batch_size=batch_size)
             num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
             # Block ids are row numbers, known only once every process has packed its share.
             blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
@@ -608,6 +590,7 @@ def build_corpus(
             config = {
                 "format": CORPUS_FORMAT,
                 "format_version": CORPUS_FORMAT_VERSION,
+                "version": 0,  # + 1 at each corpus add / remove / update
                 "max_block_length": max_block_length,
                 "num_blocks": num_blocks,
                 "num_articles": num_articles,
@@ -634,6 +617,69 @@ def build_corpus(
             ) from error
         raise
     return load_corpus(output_dir)
+
+
+def pack_articles(
+    articles, builder: BlockBuilder, scratch: str, num_proc: int = 1, batch_size: int = 256, first_id: int = 0
+):
+    """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> their blocks (all COLUMNS but
+    block_id), in article order; datasets' cache files go to `scratch`. Refuses input that makes no block."""
+    from datasets import Value
+
+    features = block_features()
+    del features["block_id"]
+    blocks = articles.map(
+        builder,
+        batched=True,
+        batch_size=batch_size,
+        with_indices=True,
+        input_columns=["title", "text"],
+        remove_columns=articles.column_names,
+        features=features,
+        num_proc=num_proc if num_proc > 1 else None,
+        cache_file_name=os.path.join(scratch, "blocks.arrow"),
+        load_from_cache_file=False,
+        new_fingerprint=uuid.uuid4().hex,  # hashing the tokenizer for a fingerprint is slow and useless here
+        desc="Packing articles into blocks",
+    )
+    if len(blocks) == 0:
+        raise ValueError(f"{builder.source_name} produced no blocks (no article with text passed the page filter)")
+    if first_id:
+        shifted = blocks.data.column("article_id").to_numpy() + first_id
+        blocks = blocks.remove_columns("article_id").add_column("article_id", shifted, feature=Value("int64"))
+    return blocks
+
+
+def read_removed_block_ids(directory: str | os.PathLike) -> np.ndarray:
+    """Sorted ids [R] of the blocks removed from a corpus folder (`openrealm corpus remove`): their rows stay, so
+    other ids never change, but no index built from the corpus returns them. Empty when none were removed."""
+    path = os.path.join(os.fspath(directory), REMOVED_IDS_NAME)
+    config = read_corpus_config(directory)
+    if not os.path.isfile(path):
+        if config.get("num_removed", 0):
+            raise FileNotFoundError(
+                f"{CONFIG_NAME} of {os.fspath(directory)} says blocks were removed but {path} is missing"
+            )
+        return np.zeros(0, dtype=np.int64)
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        ids = load_file(path).get("removed_ids")
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{path} is not a readable safetensors file ({error})") from error
+    if ids is None or ids.ndim != 1 or ids.dtype != np.int64:
+        raise ValueError(f"{path} must hold one int64 vector 'removed_ids'")
+    if ids.size and (ids.min() < 0 or ids.max() >= config["num_blocks"] or (np.diff(ids) <= 0).any()):
+        raise ValueError(f"{path}: removed ids must be sorted, unique and in [0, {config['num_blocks']})")
+    return ids
+
+
+def write_removed_block_ids(path: str | os.PathLike, ids: np.ndarray) -> None:
+    """Write removed block ids (sorted, unique int64) as safetensors."""
+    from safetensors.numpy import save_file
+
+    save_file({"removed_ids": np.asarray(ids, dtype=np.int64)}, os.fspath(path))
 
 
 def _write_block_records(path: str, blocks) -> None:
@@ -831,7 +877,11 @@ __all__ = [
     "iter_jsonl",
     "json_type",
     "jsonl_string",
+    "load_articles",
     "load_corpus",
+    "pack_articles",
     "read_corpus_config",
+    "read_removed_block_ids",
     "run",
+    "write_removed_block_ids",
 ]

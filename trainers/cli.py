@@ -5,6 +5,8 @@ openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overw
 openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
 openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
 openrealm corpus build --input FILE.jsonl --output DIR [--spans spacy|regex|MODEL]      # knowledge corpus
+openrealm corpus add|update --corpus DIR --input FILE.jsonl                             # new version: blocks added
+openrealm corpus remove --corpus DIR --titles TITLE ... | --ids ID ...                  # never retrieved again
 openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N                # ICT warm start
 openrealm train openqa --model MODEL --train FILE --dev FILE --output DIR --max-steps N     # open-QA fine-tuning
 openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type flat]    # MIPS index
@@ -31,6 +33,12 @@ JOBS = {
     ),
     ("world", None): ("openrealm.trainers.synthetic_world", "generate the synthetic world of fictional entities"),
     ("corpus", "build"): ("openrealm.tokenization.corpus", "build a knowledge corpus of blocks from JSONL articles"),
+    ("corpus", "add"): ("openrealm.trainers.corpus_edit", "add articles to a corpus and its index (a new version)"),
+    ("corpus", "remove"): ("openrealm.trainers.corpus_edit", "remove blocks by title or id (never retrieved again)"),
+    ("corpus", "update"): (
+        "openrealm.trainers.corpus_edit",
+        "replace the blocks of articles with new versions of them",
+    ),
     ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)"),
     ("train", "pretrain"): (
         "openrealm.trainers.pretrain",
@@ -65,7 +73,10 @@ def add_jobs(commands) -> None:
                     dest=f"{group}_command", required=True
                 )
             parser = groups[group].add_parser(command, help=help_text, description=help_text)
-        module.add_arguments(parser)
+        if command in getattr(module, "COMMANDS", ()):  # one module serving several commands of a group
+            module.add_arguments(parser, command)
+        else:
+            module.add_arguments(parser)
         parser.set_defaults(handler=module.run)
 
 

@@ -47,10 +47,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from openrealm import RealmBlockIndex
+from openrealm import RealmBlockIndex, ShardedBlockIndex
 from openrealm.file_utils import atomic_directory
 from openrealm.index_realm import INDEX_TYPES, resolve_index_params
-from openrealm.tokenization.corpus import batch_retriever_inputs, load_corpus, read_corpus_config
+from openrealm.tokenization.corpus import (
+    batch_retriever_inputs,
+    load_corpus,
+    read_corpus_config,
+    read_removed_block_ids,
+)
 from openrealm.trainers.towers import check_corpus_ids, fit_length, load_embedder
 
 if TYPE_CHECKING:
@@ -93,9 +98,7 @@ def shard_range(num_blocks: int, rank: int, world_size: int) -> tuple[int, int]:
     """Contiguous share [start, stop) of block ids for rank; share sizes differ by at most one."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    base, extra = divmod(num_blocks, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (rank < extra)
+    return ShardedBlockIndex.shard_range(num_blocks, rank, world_size)
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -443,6 +446,8 @@ def build_index(
     index = None
     if is_main:
         index = RealmBlockIndex.build(block_emb, index_type=index_type, version=version, **(index_params or {}))
+        index.embedder = embedder  # saved as block_index/embedder/: blocks added later are embedded alike
+        index.removed_ids = torch.from_numpy(read_removed_block_ids(corpus_dir))  # never retrieved (corpus remove)
         info = _build_info(index, corpus_dir, blocks, embedder, embedder_name, device, dtype, max_length, world)
         info.update(embed_seconds=round(seconds, 3), blocks_per_second=round(len(blocks) / seconds, 2))
         index.metadata.update(info)  # provenance travels inside index_config.json, whatever the layout

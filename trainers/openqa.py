@@ -29,6 +29,7 @@ history, dev metrics before and after) and `dev_results.json` (the final dev eva
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import tempfile
@@ -67,7 +68,7 @@ DEV_RESULTS_NAME = "dev_results.json"
 
 def embed_corpus(embedder: RealmEmbedder, corpus: str | os.PathLike, batch_size: int = 128) -> RealmBlockIndex:
     """An exact index of the embedder's embeddings of every block of the corpus folder."""
-    from openrealm.tokenization.corpus import load_corpus, read_corpus_config
+    from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
     from openrealm.trainers.index_builder import embed_blocks
 
     blocks = load_corpus(corpus)
@@ -76,7 +77,12 @@ def embed_corpus(embedder: RealmEmbedder, corpus: str | os.PathLike, batch_size:
     max_length = read_corpus_config(corpus)["max_block_length"]  # the blocks' `[CLS] title [SEP] body [SEP]` length
     max_length = fit_length(embedder, max_length, "the embedder", "the block length")
     block_emb = embed_blocks(embedder, blocks, tokenizer, batch_size=batch_size, max_length=max_length, progress=False)
-    return RealmBlockIndex.build(block_emb, index_type="exact")
+    index = RealmBlockIndex.build(block_emb, index_type="exact")
+    # A frozen copy: the block tower as it embedded these blocks (blocks added later, `corpus add`, are embedded
+    # alike), while the embedder itself goes on training as the question tower.
+    index.embedder = copy.deepcopy(embedder).eval().requires_grad_(False)
+    index.removed_ids = torch.from_numpy(read_removed_block_ids(corpus))
+    return index
 
 
 def load_block_index(index: RealmBlockIndex | str | os.PathLike) -> RealmBlockIndex:

@@ -70,6 +70,7 @@ import torch
 from transformers import TrainerCallback
 
 from openrealm.file_utils import clean_leftovers
+from openrealm.tokenization.corpus import load_corpus
 from openrealm.trainers.index_builder import build_index, list_versions, load_index, version_dir_name
 
 logger = logging.getLogger(__name__)
@@ -610,6 +611,8 @@ class IndexRefreshCallback(TrainerCallback):
 
     def _swap(self, snapshot, index, global_step: int, snapshot_step: int, snapshot_time: float, started: float):
         """Hand the consistent pair (snapshot, index) to the examples; record the stall and the staleness origin."""
+        if index.num_blocks != len(self.examples.blocks):  # a new corpus version (corpus add): its blocks come too
+            self.examples.blocks = load_corpus(self.corpus_dir)
         self.examples.update_index(snapshot, index)
         self.index_in_use_root = self.index_root
         self.stall_seconds = time.perf_counter() - started

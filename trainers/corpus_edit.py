@@ -1,0 +1,305 @@
+"""Change a knowledge corpus without re-embedding it: `openrealm corpus add | remove | update`.
+
+    openrealm corpus add --corpus DIR --input NEW.jsonl                  # new articles -> new blocks, embedded, indexed
+    openrealm corpus remove --corpus DIR --titles "Title A" "Title B"    # or --ids 3 17: never retrieved again
+    openrealm corpus update --corpus DIR --input CHANGED.jsonl           # these titles' blocks replaced by new ones
+
+DIR is a corpus folder (`openrealm corpus build`, with the index that `openrealm index build --layout plain --output
+DIR/block_index` put in it, or none yet) or any retriever folder, e.g. an open-QA model (`train openqa`, `convert`).
+Articles are split into blocks as the corpus was (its tokenizer, block length, page filter); new blocks get the next
+ids and are embedded with the embedder snapshot stored in the index (block_index/embedder/, written by `index build`),
+so the user need not name it (`--embedder` for an index that has none, e.g. a converted 4.x checkpoint). Removed blocks
+keep their rows and records, so every other id, and the provenance of past answers, stays valid; no search returns
+them again, and every index built later from the corpus leaves them out.
+
+Each command writes one new version of DIR, all at once: staged beside it and swapped in (file_utils.atomic_directory),
+so a kill -9 leaves the previous version whole and loadable, and running the command again completes the change.
+Running `add` twice is refused (the titles are already there; `update` replaces them). A model or pipeline serving
+from DIR picks the new version up between requests (RealmRetriever.reload_if_updated); a pre-training run whose
+corpus is DIR embeds the whole new version at its next index refresh. An approximate index (ivf, hnsw, pq, ivfpq)
+takes additions without retraining until more than its max_drift (default 10%) of rows changed since it was trained,
+then says it needs a rebuild (`openrealm index build`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from openrealm import RealmRetriever
+from openrealm.file_utils import atomic_directory, link_or_copy
+from openrealm.retrieval_realm import BLOCK_INDEX_DIR, BLOCK_RECORDS_NAME
+from openrealm.tokenization.corpus import (
+    BLOCKS_DIR,
+    COLUMNS,
+    CONFIG_NAME,
+    MAX_BLOCK_LENGTH,
+    REMOVED_IDS_NAME,
+    BlockBuilder,
+    annotator_names,
+    load_articles,
+    pack_articles,
+    read_corpus_config,
+    read_removed_block_ids,
+    write_removed_block_ids,
+)
+
+# Entries of DIR that a new version writes; everything else (model weights, cards, tokenizer extras) is carried over.
+_REWRITTEN = frozenset({BLOCKS_DIR, CONFIG_NAME, REMOVED_IDS_NAME, BLOCK_RECORDS_NAME, BLOCK_INDEX_DIR})
+
+
+def edit_corpus(
+    folder: str | os.PathLike,
+    *,
+    add=None,
+    replace: bool = False,
+    remove_titles: list[str] | tuple = (),
+    remove_ids: list[int] | tuple = (),
+    embedder: torch.nn.Module | str | None = None,
+    span_annotator=None,
+    batch_size: int = 128,
+    device: str | torch.device | None = None,
+    num_proc: int = 1,
+    progress: bool = True,
+) -> dict:
+    """Write the next version of `folder` with the articles of `add` (a JSONL path or a datasets.Dataset with
+    "title", "text") added as new blocks, and the blocks of `remove_titles` / `remove_ids` removed; with `replace`,
+    the live blocks of the added articles' titles are removed first (an update). Returns a summary: version,
+    added_block_ids [first, stop), removed_block_ids, num_blocks, num_searchable, needs_rebuild.
+
+    embedder: for an index without an embedder snapshot (a RealmEmbedder or a checkpoint for towers.load_embedder);
+    span_annotator: salient spans of the new blocks in a corpus folder (as corpus build's).
+    """
+    from openrealm.trainers.index_builder import embed_blocks
+    from openrealm.trainers.towers import load_embedder
+
+    folder = os.path.abspath(os.fspath(folder))
+    is_corpus = os.path.isfile(os.path.join(folder, CONFIG_NAME))
+    config = read_corpus_config(folder) if is_corpus else None
+    retriever = RealmRetriever.from_pretrained(folder)
+    if not is_corpus and not retriever.has_index:
+        raise ValueError(f"{folder} has block records but no {BLOCK_INDEX_DIR}/: nothing to add blocks to")
+    removed_before = read_removed_block_ids(folder) if is_corpus else retriever.index.removed_ids.numpy()
+    num_before = len(retriever.block_records)
+    to_remove = _ids_to_remove(retriever, folder, remove_titles, remove_ids, removed_before)
+
+    summary = {"folder": folder, "num_blocks_before": num_before}
+    with atomic_directory(folder, keep=lambda name: name not in _REWRITTEN) as staging:
+        new_blocks = None
+        if add is not None:
+            scratch = os.path.join(staging, ".scratch")
+            articles, source_name = load_articles(add, scratch)
+            titles = sorted(set(articles["title"]))
+            existing = retriever.block_ids_of_titles(titles, exclude=removed_before)
+            if existing and not replace:
+                taken = sorted({retriever.block_records.title(i) for i in existing})
+                raise ValueError(
+                    f"{source_name}: {len(taken)} article title(s) are already in {folder} (e.g. {taken[0]!r}); use "
+                    "`openrealm corpus update` to replace them"
+                )
+            to_remove = np.union1d(to_remove, existing).astype(np.int64)
+            builder = BlockBuilder(
+                retriever.tokenizer,
+                (config or {}).get("max_block_length", MAX_BLOCK_LENGTH),
+                span_annotator if is_corpus else None,
+                page_filter=(config or {}).get("page_filter", True),
+                html_unescape=(config or {}).get("html_unescape", True),
+                language=(config or {}).get("language", "en"),
+                source_name=source_name,
+            )
+            first_article = (config or {}).get("num_input_articles", 0)
+            new_blocks = pack_articles(articles, builder, scratch, num_proc=num_proc, first_id=first_article)
+            new_ids = np.arange(num_before, num_before + len(new_blocks), dtype=np.int64)
+            from datasets import Value
+
+            new_blocks = new_blocks.add_column("block_id", new_ids, feature=Value("int64"))
+            new_blocks = new_blocks.select_columns(list(COLUMNS))
+            block_emb = None
+            if retriever.has_index:
+                index = retriever.index
+                block_embedder = _block_embedder(index, embedder, load_embedder, folder)
+                block_emb = embed_blocks(
+                    block_embedder,
+                    new_blocks,
+                    retriever.tokenizer,
+                    batch_size=batch_size,
+                    device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                    dtype=index.metadata.get("dtype", "auto"),
+                    max_length=index.metadata.get("max_length", MAX_BLOCK_LENGTH),
+                    progress=progress,
+                )
+            retriever.add_blocks(new_blocks["title"], new_blocks["text"], block_emb=block_emb)
+            summary.update(added_block_ids=[int(num_before), int(num_before + len(new_blocks))], source=source_name)
+        if len(to_remove) and retriever.has_index:
+            retriever.remove_blocks(to_remove)
+        retriever.write_files(staging)
+        if is_corpus:
+            removed = np.union1d(removed_before, to_remove).astype(np.int64)
+            _write_corpus_files(folder, staging, config, new_blocks, removed, add is not None, span_annotator)
+        if new_blocks is not None:
+            del new_blocks
+            shutil.rmtree(os.path.join(staging, ".scratch"), ignore_errors=True)
+    index = retriever.index if retriever.has_index else None
+    summary.update(
+        corpus_version=config.get("version", 0) + 1 if is_corpus else None,
+        removed_block_ids=[int(i) for i in to_remove],
+        num_blocks=len(retriever.block_records),
+        num_searchable=index.num_searchable if index is not None else None,
+        index_version=index.version if index is not None else None,
+        needs_rebuild=bool(index is not None and index.needs_rebuild),
+        drift=round(index.drift, 4) if index is not None else None,
+    )
+    return summary
+
+
+def _ids_to_remove(retriever, folder: str, titles, ids, removed_before: np.ndarray) -> np.ndarray:
+    """Block ids named by `ids` or by their `titles`, checked: each must exist and not be removed already."""
+    num_blocks = len(retriever.block_records)
+    ids = np.asarray([int(i) for i in ids], dtype=np.int64)
+    bad = ids[(ids < 0) | (ids >= num_blocks)]
+    if bad.size:
+        raise ValueError(f"block id {int(bad[0])} is not in {folder} (ids 0 to {num_blocks - 1})")
+    gone = ids[np.isin(ids, removed_before)]
+    if gone.size:
+        raise ValueError(f"block {int(gone[0])} of {folder} was removed already")
+    if titles:
+        found = retriever.block_ids_of_titles(titles, exclude=removed_before)
+        missing = sorted(set(titles) - {retriever.block_records.title(i) for i in found})
+        if missing:
+            raise ValueError(f"no block of {folder} has the title {missing[0]!r} (titles are matched exactly)")
+        ids = np.union1d(ids, found)
+    return np.unique(ids).astype(np.int64)
+
+
+def _block_embedder(index, embedder, load_embedder, folder: str) -> torch.nn.Module:
+    """The embedder of new blocks: the one given, else the snapshot stored with the index."""
+    if embedder is not None:
+        return load_embedder(embedder) if isinstance(embedder, (str, os.PathLike)) else embedder
+    stored = index.load_embedder()
+    if stored is None:
+        raise ValueError(
+            f"the index in {folder}/{BLOCK_INDEX_DIR} stores no embedder snapshot (it was not written by `openrealm "
+            "index build`, e.g. converted from a 4.x checkpoint): pass --embedder, the checkpoint whose embedder made "
+            "its block embeddings, or rebuild the index with `openrealm index build`"
+        )
+    return stored
+
+
+def _write_corpus_files(folder, staging, config, new_blocks, removed, added: bool, span_annotator) -> None:
+    """blocks/ (the old Arrow files hard-linked, the new blocks in one more file), removed ids, corpus_config.json."""
+    old_dir, new_dir = Path(folder) / BLOCKS_DIR, Path(staging) / BLOCKS_DIR
+    state = json.loads((old_dir / "state.json").read_text())
+    new_dir.mkdir()
+    for entry in state["_data_files"]:
+        link_or_copy(old_dir / entry["filename"], new_dir / entry["filename"])
+    link_or_copy(old_dir / "dataset_info.json", new_dir / "dataset_info.json")
+    version = config.get("version", 0) + 1
+    num_blocks = config["num_blocks"]
+    if new_blocks is not None:
+        part = Path(staging) / ".scratch" / "saved"
+        new_blocks.save_to_disk(str(part))
+        for number, entry in enumerate(json.loads((part / "state.json").read_text())["_data_files"]):
+            name = f"data-v{version:06d}-{number:05d}.arrow"
+            os.replace(part / entry["filename"], new_dir / name)
+            state["_data_files"].append({"filename": name})
+        num_blocks += len(new_blocks)
+    state["_fingerprint"] = f"openrealm-corpus-v{version}-{num_blocks}"
+    (new_dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    if len(removed):
+        write_removed_block_ids(Path(staging) / REMOVED_IDS_NAME, removed)
+    config = dict(config, version=version, num_blocks=num_blocks, num_removed=len(removed))
+    if new_blocks is not None:
+        config["num_input_articles"] = config.get("num_input_articles", 0) + len(set(new_blocks["article_id"]))
+        config["num_articles"] = config.get("num_articles", 0) + len(set(new_blocks["article_id"]))
+        names = annotator_names(span_annotator)
+        config["span_annotators"] = sorted(set(config.get("span_annotators", [])) | set(names))
+    entries = set(os.listdir(staging)) - {".scratch"}
+    config["files"] = sorted(set(config.get("files", [])) | entries | {CONFIG_NAME})
+    with open(Path(staging) / CONFIG_NAME, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+COMMANDS = ("add", "remove", "update")
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Arguments of `openrealm corpus add | remove | update`."""
+    parser.add_argument("--corpus", required=True, help="corpus folder (corpus build) or retriever/model folder")
+    if command in ("add", "update"):
+        parser.add_argument("--input", required=True, nargs="+", help="JSONL file(s), one {title, text} per line")
+        parser.add_argument(
+            "--embedder",
+            default=None,
+            help="only for an index without an embedder snapshot: the checkpoint that embedded its blocks",
+        )
+        parser.add_argument(
+            "--spans",
+            default="regex",
+            help="salient spans of the new blocks, as corpus build's --spans (corpus folders)",
+        )
+        parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass")
+        parser.add_argument("--device", default=None, help="where to embed (default cuda if available, else cpu)")
+        parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    if command == "remove":
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("--titles", nargs="+", help="remove every block of these article titles (exact match)")
+        which.add_argument("--ids", nargs="+", type=int, help="remove these block ids")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`openrealm corpus add | remove | update`: write the next version and print what changed."""
+    command = args.corpus_command
+    kwargs = {}
+    if command in ("add", "update"):
+        span_annotator = None
+        if args.spans != "none":
+            from openrealm.tokenization.salient_spans import make_span_annotator
+
+            span_annotator = make_span_annotator(args.spans)
+        kwargs = dict(
+            add=args.input if len(args.input) > 1 else args.input[0],
+            replace=command == "update",
+            embedder=args.embedder,
+            span_annotator=span_annotator,
+            batch_size=args.batch_size,
+            device=args.device,
+            progress=not args.quiet,
+        )
+    else:
+        kwargs = dict(remove_titles=args.titles or (), remove_ids=args.ids or ())
+    summary = edit_corpus(args.corpus, **kwargs)
+    parts = []
+    if "added_block_ids" in summary:
+        first, stop = summary["added_block_ids"]
+        parts.append(f"added blocks {first}..{stop - 1}")
+    if summary["removed_block_ids"]:
+        parts.append(f"removed {len(summary['removed_block_ids'])} block(s)")
+    print(
+        f"{summary['folder']}: {', '.join(parts)}; {summary['num_blocks']} blocks"
+        + (
+            f", {summary['num_searchable']} searchable (index version {summary['index_version']})"
+            if summary["index_version"] is not None
+            else " (no index yet)"
+        )
+    )
+    if summary["needs_rebuild"]:
+        print(
+            f"openrealm corpus {command}: warning: the approximate index changed by {summary['drift']:.0%} since it "
+            "was trained; recall may drop until it is rebuilt (openrealm index build)",
+            file=sys.stderr,
+        )
+    return 0
