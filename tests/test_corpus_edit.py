@@ -238,3 +238,20 @@ def test_an_add_killed_at_any_moment_leaves_one_whole_version_and_a_rerun_comple
     for attempt in range(5):  # any later write of a folder removes the leftovers of its killed writers
         edit_corpus(tmp_path / f"corpus-{attempt}", remove_ids=[0])
     assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []
+
+
+def test_a_pretraining_refresh_after_an_add_serves_the_new_corpus_version(indexed_corpus, tmp_path):
+    from transformers import AutoTokenizer
+
+    from openrealm.trainers.pretraining import RealmPretrainingExamples
+    from openrealm.trainers.refresh import IndexRefreshCallback
+
+    corpus, embedder = indexed_corpus
+    index = build_index(embedder, corpus, tmp_path / "index", progress=False)
+    examples = RealmPretrainingExamples(AutoTokenizer.from_pretrained(corpus), load_corpus(corpus), embedder, index, 4)
+    refresh = IndexRefreshCallback(examples, corpus, tmp_path / "index", refresh_every=1, mode="sync")
+    edit_corpus(corpus, add=write_jsonl(tmp_path / "new.jsonl", [FACT]), remove_ids=[2], progress=False)
+    refresh.refresh_sync(embedder, global_step=1)
+    assert examples.index.num_blocks == len(examples.blocks) == len(TEXTS) + 1
+    assert examples.blocks[len(TEXTS)]["title"] == FACT["title"]
+    assert examples.index.removed_ids.tolist() == [2]
