@@ -50,6 +50,8 @@ from openrealm.tokenization.corpus import (
     read_removed_block_ids,
     write_removed_block_ids,
 )
+from openrealm.trainers.index_builder import embed_blocks
+from openrealm.trainers.towers import load_embedder
 
 # Entries of DIR that a new version writes; everything else (model weights, cards, tokenizer extras) is carried over.
 _REWRITTEN = frozenset({BLOCKS_DIR, CONFIG_NAME, REMOVED_IDS_NAME, BLOCK_RECORDS_NAME, BLOCK_INDEX_DIR})
@@ -77,9 +79,6 @@ def edit_corpus(
     embedder: for an index without an embedder snapshot (a RealmEmbedder or a checkpoint for towers.load_embedder);
     span_annotator: salient spans of the new blocks in a corpus folder (as corpus build's).
     """
-    from openrealm.trainers.index_builder import embed_blocks
-    from openrealm.trainers.towers import load_embedder
-
     folder = os.path.abspath(os.fspath(folder))
     is_corpus = os.path.isfile(os.path.join(folder, CONFIG_NAME))
     config = read_corpus_config(folder) if is_corpus else None
@@ -124,7 +123,7 @@ def edit_corpus(
             block_emb = None
             if retriever.has_index:
                 index = retriever.index
-                block_embedder = _block_embedder(index, embedder, load_embedder, folder)
+                block_embedder = _block_embedder(index, embedder, folder)
                 block_emb = embed_blocks(
                     block_embedder,
                     new_blocks,
@@ -178,7 +177,7 @@ def _ids_to_remove(retriever, folder: str, titles, ids, removed_before: np.ndarr
     return np.unique(ids).astype(np.int64)
 
 
-def _block_embedder(index, embedder, load_embedder, folder: str) -> torch.nn.Module:
+def _block_embedder(index, embedder, folder: str) -> torch.nn.Module:
     """The embedder of new blocks: the one given, else the snapshot stored with the index."""
     if embedder is not None:
         return load_embedder(embedder) if isinstance(embedder, (str, os.PathLike)) else embedder
