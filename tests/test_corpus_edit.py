@@ -255,3 +255,16 @@ def test_a_pretraining_refresh_after_an_add_serves_the_new_corpus_version(indexe
     assert examples.index.num_blocks == len(examples.blocks) == len(TEXTS) + 1
     assert examples.blocks[len(TEXTS)]["title"] == FACT["title"]
     assert examples.index.removed_ids.tolist() == [2]
+
+
+def test_article_ids_of_later_adds_never_reuse_those_of_articles_the_page_filter_dropped(indexed_corpus, tmp_path):
+    corpus, _ = indexed_corpus
+    dropped = {"title": "List of moons", "text": "a list page that the page filter drops ."}
+    edit_corpus(corpus, add=write_jsonl(tmp_path / "a.jsonl", [dropped, FACT]), progress=False)
+    second = {"title": "quorblat", "text": "quorblat is another fictional moon ."}
+    edit_corpus(corpus, add=write_jsonl(tmp_path / "b.jsonl", [second]), progress=False)
+    article_ids = load_corpus(corpus)["article_id"]
+    assert article_ids[len(TEXTS)] == len(TEXTS) + 1  # FACT: input row 1 of the first add
+    assert article_ids[len(TEXTS) + 1] == len(TEXTS) + 2  # after both input rows of the first add
+    config = read_corpus_config(corpus)
+    assert (config["num_input_articles"], config["num_articles"]) == (len(TEXTS) + 3, len(TEXTS) + 2)

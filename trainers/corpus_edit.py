@@ -141,7 +141,8 @@ def edit_corpus(
         retriever.write_files(staging)
         if is_corpus:
             removed = np.union1d(removed_before, to_remove).astype(np.int64)
-            _write_corpus_files(folder, staging, config, new_blocks, removed, add is not None, span_annotator)
+            num_input = len(articles) if add is not None else 0
+            _write_corpus_files(folder, staging, config, new_blocks, num_input, removed, span_annotator)
         if new_blocks is not None:
             del new_blocks
             shutil.rmtree(os.path.join(staging, ".scratch"), ignore_errors=True)
@@ -191,8 +192,9 @@ def _block_embedder(index, embedder, folder: str) -> torch.nn.Module:
     return stored
 
 
-def _write_corpus_files(folder, staging, config, new_blocks, removed, added: bool, span_annotator) -> None:
-    """blocks/ (the old Arrow files hard-linked, the new blocks in one more file), removed ids, corpus_config.json."""
+def _write_corpus_files(folder, staging, config, new_blocks, num_input, removed, span_annotator) -> None:
+    """blocks/ (the old Arrow files hard-linked, the new blocks in one more file), removed ids, corpus_config.json.
+    num_input: the articles read for new_blocks, page-filtered ones included."""
     old_dir, new_dir = Path(folder) / BLOCKS_DIR, Path(staging) / BLOCKS_DIR
     state = json.loads((old_dir / "state.json").read_text())
     new_dir.mkdir()
@@ -215,7 +217,8 @@ def _write_corpus_files(folder, staging, config, new_blocks, removed, added: boo
         write_removed_block_ids(Path(staging) / REMOVED_IDS_NAME, removed)
     config = dict(config, version=version, num_blocks=num_blocks, num_removed=len(removed))
     if new_blocks is not None:
-        config["num_input_articles"] = config.get("num_input_articles", 0) + len(set(new_blocks["article_id"]))
+        # every input row took an article id, also those the page filter dropped: the next add starts after them
+        config["num_input_articles"] = config.get("num_input_articles", 0) + num_input
         config["num_articles"] = config.get("num_articles", 0) + len(set(new_blocks["article_id"]))
         names = annotator_names(span_annotator)
         config["span_annotators"] = sorted(set(config.get("span_annotators", [])) | set(names))
