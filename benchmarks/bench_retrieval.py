@@ -201,7 +201,7 @@ def main() -> None:
     exact_params = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
     exact = RealmBlockIndex.build(block_dev, "exact", **exact_params)
     exact_qps, exact_ids = time_search(lambda q: exact.search(q, k), queries, batch, exhaustive_batches)
-    chunk_size = exact.params.get("chunk_size") or default_chunk_size(device)
+    chunk_size = exact.params.get("chunk_size") or default_chunk_size(device, batch)
     rows.append(("exact (torch, chunked)", f"chunk_size={chunk_size}", None, exact_qps, exact_ids, port_qps))
 
     sweeps = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 import warnings
 from pathlib import Path
@@ -72,10 +73,17 @@ def _require_faiss(index_type: str) -> None:
         raise ImportError(f"index type '{index_type}' needs faiss: pip install faiss-cpu (or faiss-gpu)")
 
 
-def default_chunk_size(device: torch.device) -> int:
-    """Blocks scored per matmul in exact search. On CPU 2^16 rows keep the [Q, chunk] scores cache-friendly (fastest
-    measured on 2 cores); on GPU 2^20 rows amortise kernel launches. Memory is Q * chunk_size floats either way."""
-    return 2**16 if device.type == "cpu" else 2**20
+def default_chunk_size(device: torch.device, num_queries: int = 64) -> int:
+    """Blocks scored per matmul in exact search. On CPU, a measured rule: the [num_queries, chunk] float32 scores fill
+    4 MB, within [2^16, 2^17] rows (2^17 for up to 8 queries, 2^16 for more). Bigger chunks spill the scores out of
+    cache before top-k reads them, smaller ones pay more per-chunk top-k merges; sweeps of 2^12 .. 2^22 rows at
+    13.35M blocks on 2 cores found the fastest size at 2^17-2^18 for one query and 2^16 for 16 and 64, and this
+    rule 1.4-2.4x the old port's speed (benchmarks/RESULTS.md). On GPU 2^20 rows amortise kernel launches.
+    Memory: num_queries * chunk floats."""
+    if device.type != "cpu":
+        return 2**20
+    rows = 2**20 // max(1, num_queries)
+    return min(2**17, max(2**16, 1 << (rows.bit_length() - 1)))
 
 
 def torch_exact_search(
@@ -97,7 +105,7 @@ def torch_exact_search(
         raise ValueError(f"k must be in [1, {num_blocks - num_excluded} searchable blocks], got k={k}")
     if num_excluded:
         excluded = excluded.to(block_emb.device)
-    chunk_size = chunk_size or default_chunk_size(block_emb.device)
+    chunk_size = chunk_size or default_chunk_size(block_emb.device, query_emb.shape[0])
     q = query_emb.detach().to(block_emb.device, block_emb.dtype)
     # One reusable score buffer: allocating (and page-faulting) a fresh one per chunk costs more than the top-k.
     buffer = torch.empty(q.shape[0] * min(chunk_size, num_blocks), dtype=block_emb.dtype, device=block_emb.device)
@@ -467,18 +475,10 @@ class RealmBlockIndex:
         """Write index_config.json, block_emb.safetensors (+ faiss.index) into `directory`, an existing folder being
         staged (save_pretrained's, or that of a retriever or an index version that holds the index), and fsync them."""
         directory = Path(directory)
-        config = {
-            "format_version": FORMAT_VERSION,
-            "index_type": self.index_type,
-            "version": self.version,
-            "num_blocks": self.num_blocks,
-            "dim": self.dim,
-            "params": self.params,
-            "metadata": self.metadata,
-            "num_removed": self.removed_ids.numel(),
-            "trained_num_blocks": self.trained_num_blocks,
-            "max_drift": self.max_drift,
-        }
+        config = _index_config(
+            self.index_type, self.version, self.num_blocks, self.dim, self.params, self.metadata, self.removed_ids
+        )
+        config.update(trained_num_blocks=self.trained_num_blocks, max_drift=self.max_drift)
         (directory / INDEX_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         unchanged = self._unchanged_block_emb_file()
         if unchanged is not None:
@@ -488,27 +488,16 @@ class RealmBlockIndex:
         if self.faiss_index is not None:
             index = faiss.index_gpu_to_cpu(self.faiss_index) if self._gpu_resources is not None else self.faiss_index
             faiss.write_index(index, str(directory / FAISS_INDEX_NAME))
-        if self.removed_ids.numel():
-            save_file({"removed_ids": self.removed_ids}, str(directory / REMOVED_IDS_NAME))
-        if isinstance(self.embedder, (str, os.PathLike)):
-            (directory / EMBEDDER_DIR).mkdir()
-            for path in Path(self.embedder).iterdir():
-                link_or_copy(path, directory / EMBEDDER_DIR / path.name)
-        elif self.embedder is not None:
-            self.embedder.save_pretrained(directory / EMBEDDER_DIR)
-        for path in [*directory.iterdir(), *directory.glob(f"{EMBEDDER_DIR}/*")]:  # on disk before the rename
-            if path.is_file():
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
+        _write_removed_and_embedder(directory, self.removed_ids, self.embedder)
 
     @classmethod
     def from_pretrained(
         cls, directory: str | os.PathLike, device: str | torch.device | None = None
     ) -> RealmBlockIndex:
-        """Load an index saved by save_pretrained. block_emb is memory-mapped, not read into RAM."""
+        """Load an index saved by save_pretrained. block_emb is memory-mapped, not read into RAM (a sharded folder,
+        written by a pre-training run with --shard-index, is joined into one tensor in RAM)."""
         directory = Path(directory)
         config, block_emb, mmap = _open_index_folder(directory)
-        _check_finite_once(block_emb, directory / BLOCK_EMB_NAME)
         faiss_index = None
         if config["index_type"] != "exact":
             faiss_index = _read_faiss(directory / FAISS_INDEX_NAME, config["index_type"], block_emb.shape)
@@ -539,6 +528,9 @@ class ShardedBlockIndex:
     holding every row. Communication goes over the group's backend (gloo on CPU, NCCL on GPU); the shard stays on
     its device."""
 
+    collective = True  # search() must be called by every rank of the group, the same number of times
+    index_type = "exact"
+
     def __init__(
         self,
         block_emb_shard: torch.Tensor,
@@ -548,9 +540,11 @@ class ShardedBlockIndex:
         chunk_size: int | None = None,
         num_searchable: int | None = None,
         excluded: torch.Tensor | None = None,
+        version: int = 0,
     ):
         """excluded: sorted removed ids inside this shard, relative to offset; num_searchable: blocks of the whole
-        index a search may return (num_blocks minus every shard's removed ones)."""
+        index a search may return (num_blocks minus every shard's removed ones). Without an initialised process group
+        the index is a single shard holding every block."""
         if block_emb_shard.dim() != 2 or not block_emb_shard.is_floating_point():
             raise ValueError(f"block_emb_shard must be a 2-D float tensor, got {tuple(block_emb_shard.shape)}")
         if not 0 <= offset <= offset + block_emb_shard.shape[0] <= num_blocks:
@@ -561,6 +555,15 @@ class ShardedBlockIndex:
         self.offset, self.num_blocks, self.group, self.chunk_size = int(offset), int(num_blocks), group, chunk_size
         self.num_searchable = int(num_searchable if num_searchable is not None else num_blocks)
         self.excluded = excluded if excluded is not None and excluded.numel() else None
+        self.version = int(version)
+
+    @property
+    def is_memory_mapped(self) -> bool:
+        """True when this rank's rows are pages of a memory-mapped index file (Linux /proc), not a private copy."""
+        if self.block_emb.device.type != "cpu" or not os.path.exists("/proc/self/smaps"):
+            return False
+        size = self.block_emb.numel() * self.block_emb.element_size()
+        return file_mapping(self.block_emb.data_ptr(), size) is not None
 
     @staticmethod
     def shard_range(num_blocks: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -579,24 +582,33 @@ class ShardedBlockIndex:
         directory: str | os.PathLike,
         group: torch.distributed.ProcessGroup | None = None,
         device: str | torch.device | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> ShardedBlockIndex:
-        """This rank's shard of an index folder saved by RealmBlockIndex.save_pretrained. The file is memory-mapped
-        and only the shard's rows are ever read (or copied to `device`)."""
-        import torch.distributed as dist
-
+        """This rank's shard of an index folder (RealmBlockIndex.save_pretrained's, or a sharded build's). The files
+        are memory-mapped and only the shard's rows are ever read (or copied to `device`); when the folder was written
+        in as many shards as the group has ranks, a rank's rows are exactly its own shard file. shard: (rank,
+        world_size) whose rows to hold, default this process's in `group` (search needs that group anyway)."""
         directory = Path(directory)
-        config, block_emb, _ = _open_index_folder(directory)
-        start, stop = cls.shard_range(block_emb.shape[0], dist.get_rank(group), dist.get_world_size(group))
-        shard = block_emb[start:stop]
-        _check_finite(shard, source=str(directory / BLOCK_EMB_NAME))
+        config = _read_config(directory / INDEX_CONFIG_NAME)
+        num_blocks = config["num_blocks"]
+        rank, world = shard if shard is not None else _group_rank_and_size(group)
+        start, stop = cls.shard_range(num_blocks, rank, world)
+        pieces = [
+            emb[max(start, first) - first : min(stop, first + emb.shape[0]) - first]
+            for first, emb, _, _ in _open_shards(directory, config)
+            if first < stop and first + emb.shape[0] > start
+        ]
+        shard = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        _check_finite(shard, source=f"{directory} rows [{start}, {stop})")
         if config["index_type"] != "exact":
             warnings.warn(f"{directory} holds a '{config['index_type']}' index; shards search exactly", stacklevel=2)
         removed = _read_removed_ids(directory, config)
         removed = torch.zeros(0, dtype=torch.long) if removed is None else removed
         mine = removed[(removed >= start) & (removed < stop)] - start
         shard = shard.to(device) if device is not None else shard
-        num_searchable = block_emb.shape[0] - removed.numel()
-        return cls(shard, start, block_emb.shape[0], group, num_searchable=num_searchable, excluded=mine)
+        num_searchable = num_blocks - removed.numel()
+        chunk_size = config["params"].get("chunk_size")
+        return cls(shard, start, num_blocks, group, chunk_size, num_searchable, mine, version=config["version"])
 
     def search(self, query_emb: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Collective. query_emb [Q, dim] of this rank -> (scores [Q, k] float32, ids [Q, k] int64, global ids), best
@@ -604,7 +616,17 @@ class ShardedBlockIndex:
         import torch.distributed as dist
 
         k = _check_search_args(query_emb, k, self.dim, self.num_searchable)
-        world, rank, device = dist.get_world_size(self.group), dist.get_rank(self.group), self.block_emb.device
+        rank, world = _group_rank_and_size(self.group)
+        expected = self.shard_range(self.num_blocks, rank, world)
+        if (self.offset, self.offset + self.block_emb.shape[0]) != expected:
+            raise RuntimeError(
+                f"this index holds rows [{self.offset}, {self.offset + self.block_emb.shape[0]}) but rank {rank} of "
+                f"{world} processes searches rows {list(expected)}: load it in the group that searches it"
+            )
+        if world == 1:
+            scores, ids = self._search_shard(query_emb.detach().to(self.block_emb.device, self.block_emb.dtype), k)
+            return scores.to(query_emb.device), ids.to(query_emb.device)
+        device = self.block_emb.device
         counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
         dist.all_gather(counts, torch.tensor([query_emb.shape[0]], device=device), group=self.group)
         counts = [int(count) for count in counts]
@@ -613,15 +635,7 @@ class ShardedBlockIndex:
         gathered = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(gathered, padded, group=self.group)
         queries = torch.cat([part[:count] for part, count in zip(gathered, counts)])  # [sum Q, dim]
-
-        scores = torch.full((queries.shape[0], k), float("-inf"), device=device)
-        ids = torch.full((queries.shape[0], k), -1, dtype=torch.long, device=device)
-        local_k = min(k, self.block_emb.shape[0] - (0 if self.excluded is None else self.excluded.numel()))
-        if local_k and queries.shape[0]:
-            found_scores, found_ids = torch_exact_search(
-                self.block_emb, queries, local_k, self.chunk_size, excluded=self.excluded
-            )
-            scores[:, :local_k], ids[:, :local_k] = found_scores, found_ids + self.offset
+        scores, ids = self._search_shard(queries, k)
         all_scores = [torch.empty_like(scores) for _ in range(world)]
         all_ids = [torch.empty_like(ids) for _ in range(world)]
         dist.all_gather(all_scores, scores, group=self.group)
@@ -633,8 +647,108 @@ class ShardedBlockIndex:
         order = merged_scores.argsort(dim=1, descending=True, stable=True)[:, :k]
         return merged_scores.gather(1, order).to(query_emb.device), merged_ids.gather(1, order).to(query_emb.device)
 
+    def _search_shard(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k of this shard for queries [Q, dim] -> (scores [Q, k], global ids [Q, k]); slots past the shard's
+        searchable rows hold -inf and id -1."""
+        scores = torch.full((queries.shape[0], k), float("-inf"), device=queries.device)
+        ids = torch.full((queries.shape[0], k), -1, dtype=torch.long, device=queries.device)
+        local_k = min(k, self.block_emb.shape[0] - (0 if self.excluded is None else self.excluded.numel()))
+        if local_k and queries.shape[0]:
+            found_scores, found_ids = torch_exact_search(
+                self.block_emb, queries, local_k, self.chunk_size, excluded=self.excluded
+            )
+            scores[:, :local_k], ids[:, :local_k] = found_scores, found_ids + self.offset
+        return scores, ids
+
+
+def _group_rank_and_size(group: torch.distributed.ProcessGroup | None) -> tuple[int, int]:
+    """(rank, world size) in group; (0, 1) when no process group is initialised (a single process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def shard_file_name(rank: int, num_shards: int) -> str:
+    """block_emb-00001-of-00002.safetensors: rank 0's rows of an index written in 2 shards (as transformers names
+    the shards of a checkpoint)."""
+    return f"block_emb-{rank + 1:05d}-of-{num_shards:05d}.safetensors"
+
+
+def save_block_emb_shard(path: str | os.PathLike, shard_emb: torch.Tensor) -> None:
+    """Write one shard's rows [rows, dim] (float) as a safetensors file holding 'block_emb', fsynced."""
+    save_file({"block_emb": shard_emb.detach().cpu().contiguous()}, str(path))
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def write_sharded_index(
+    directory: str | os.PathLike,
+    shard_files: list[str | os.PathLike],
+    num_blocks: int,
+    *,
+    version: int = 0,
+    metadata: dict | None = None,
+    removed_ids: torch.Tensor | None = None,
+    embedder=None,
+) -> None:
+    """Complete an exact index in `directory` (an existing folder being staged) from the shard files that ranks
+    wrote (save_block_emb_shard; file r holds rows ShardedBlockIndex.shard_range(num_blocks, r, len(shard_files))):
+    they are moved in (same file system) under shard_file_name, and the config, removed ids and embedder written.
+    No process ever holds every row, and RealmBlockIndex.from_pretrained / ShardedBlockIndex.from_pretrained load it."""
+    directory, num_shards = Path(directory), len(shard_files)
+    dim = None
+    for rank, path in enumerate(shard_files):
+        start, stop = ShardedBlockIndex.shard_range(num_blocks, rank, num_shards)
+        emb, _ = _mmap_safetensors(Path(path))
+        if emb.shape[0] != stop - start or (dim is not None and emb.shape[1] != dim):
+            raise ValueError(
+                f"{path} holds {tuple(emb.shape)} rows; shard {rank} of {num_shards} needs {stop - start}"
+            )
+        dim = emb.shape[1]
+        del emb
+        os.replace(path, directory / shard_file_name(rank, num_shards))
+    removed_ids = _check_removed_ids(removed_ids, num_blocks)
+    config = _index_config("exact", version, num_blocks, dim, {}, metadata or {}, removed_ids)
+    config["num_shards"] = num_shards
+    (directory / INDEX_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    _write_removed_and_embedder(directory, removed_ids, embedder)
+
+
+def _index_config(index_type, version, num_blocks, dim, params, metadata, removed_ids) -> dict:
+    """The index_config.json of an index (RealmBlockIndex.write_files adds its drift bookkeeping)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "index_type": index_type,
+        "version": version,
+        "num_blocks": num_blocks,
+        "dim": dim,
+        "params": params,
+        "metadata": metadata,
+        "num_removed": removed_ids.numel(),
+    }
+
+
+def _write_removed_and_embedder(directory: Path, removed_ids: torch.Tensor, embedder) -> None:
+    """Write removed_ids.safetensors (when any) and embedder/ (a module, or a saved folder linked in) into an index
+    folder being staged, then fsync every file in it: on disk before the folder's rename commits it."""
+    if removed_ids.numel():
+        save_file({"removed_ids": removed_ids}, str(directory / REMOVED_IDS_NAME))
+    if isinstance(embedder, (str, os.PathLike)):
+        (directory / EMBEDDER_DIR).mkdir()
+        for path in Path(embedder).iterdir():
+            link_or_copy(path, directory / EMBEDDER_DIR / path.name)
+    elif embedder is not None:
+        embedder.save_pretrained(directory / EMBEDDER_DIR)
+    for path in [*directory.iterdir(), *directory.glob(f"{EMBEDDER_DIR}/*")]:
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
 
 _INDEX_FILES = (INDEX_CONFIG_NAME, BLOCK_EMB_NAME, FAISS_INDEX_NAME, REMOVED_IDS_NAME, EMBEDDER_DIR)
+_SHARD_FILE = re.compile(r"block_emb-(\d{5})-of-(\d{5})\.safetensors")
 _CONFIG_KEYS = {
     "format_version": int,
     "index_type": str,
@@ -745,26 +859,44 @@ def _build_faiss(block_emb: torch.Tensor, index_type: str, params: dict, add_chu
 
 def _index_folder_problem(folder: str) -> str | None:
     """Why `folder` may not be replaced by a saved index (it holds files of something else), or None."""
-    foreign = sorted(name for name in os.listdir(folder) if name not in _INDEX_FILES)
+    foreign = sorted(
+        name for name in os.listdir(folder) if name not in _INDEX_FILES and not _SHARD_FILE.fullmatch(name)
+    )
     if foreign:
         return f"it holds files that are not part of a block index {foreign}; save the index into its own (sub)folder"
     return None
 
 
-def _open_index_folder(directory: Path) -> tuple[dict, torch.Tensor, np.memmap]:
-    """(index_config, memory-mapped block_emb [num_blocks, dim], its np.memmap) of a saved index folder, the two
-    checked against each other."""
+def _open_index_folder(directory: Path) -> tuple[dict, torch.Tensor, np.memmap | None]:
+    """(index_config, block_emb [num_blocks, dim], its np.memmap) of a saved index folder, checked against each other
+    and for non-finite values. block_emb is memory-mapped; a sharded folder's files are joined into RAM (memmap None)."""
     if not directory.is_dir():
         raise FileNotFoundError(f"block index directory {directory} does not exist")
-    config_path, emb_path = directory / INDEX_CONFIG_NAME, directory / BLOCK_EMB_NAME
-    config = _read_config(config_path)
-    block_emb, mmap = _mmap_safetensors(emb_path)
-    if tuple(block_emb.shape) != (config["num_blocks"], config["dim"]):
-        raise ValueError(
-            f"{emb_path} holds {block_emb.shape[0]} x {block_emb.shape[1]} embeddings but {config_path} says "
-            f"num_blocks={config['num_blocks']}, dim={config['dim']}"
-        )
-    return config, block_emb, mmap
+    config = _read_config(directory / INDEX_CONFIG_NAME)
+    shards = _open_shards(directory, config)
+    for _, emb, _, path in shards:
+        _check_finite_once(emb, path)
+    if len(shards) == 1:
+        return config, shards[0][1], shards[0][2]
+    return config, torch.cat([emb for _, emb, _, _ in shards]), None
+
+
+def _open_shards(directory: Path, config: dict) -> list[tuple[int, torch.Tensor, np.memmap, Path]]:
+    """(first row, memory-mapped rows, np.memmap, file) of each embeddings file of an index folder, in row order: its
+    block_emb.safetensors, or the config's num_shards files shard_file_name(r, num_shards)."""
+    num_shards = config.get("num_shards", 1)
+    names = [BLOCK_EMB_NAME] if num_shards == 1 else [shard_file_name(r, num_shards) for r in range(num_shards)]
+    shards = []
+    for rank, name in enumerate(names):
+        start, stop = ShardedBlockIndex.shard_range(config["num_blocks"], rank, num_shards)
+        emb, mmap = _mmap_safetensors(directory / name)
+        if tuple(emb.shape) != (stop - start, config["dim"]):
+            raise ValueError(
+                f"{directory / name} holds {emb.shape[0]} x {emb.shape[1]} embeddings but {directory / INDEX_CONFIG_NAME}"
+                f" says rows [{start}, {stop}) of num_blocks={config['num_blocks']}, dim={config['dim']}"
+            )
+        shards.append((start, emb, mmap, directory / name))
+    return shards
 
 
 def _check_removed_ids(removed_ids, num_blocks: int, source: str = "removed_ids") -> torch.Tensor:
@@ -840,6 +972,9 @@ def _read_config(path: Path) -> dict:
     unknown = sorted(set(config["params"]) - set(_PARAM_DEFAULTS[config["index_type"]]))
     if unknown:
         raise ValueError(f"{path} has unknown params {unknown} for index type '{config['index_type']}'")
+    num_shards = config.get("num_shards", 1)
+    if not isinstance(num_shards, int) or num_shards < 1 or (num_shards > 1 and config["index_type"] != "exact"):
+        raise ValueError(f"corrupted index config {path}: num_shards={num_shards!r} (an int >= 1; > 1 only for exact)")
     return config
 
 

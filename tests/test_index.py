@@ -15,6 +15,7 @@ from openrealm.index_realm import (
     FAISS_INDEX_NAME,
     INDEX_CONFIG_NAME,
     RealmBlockIndex,
+    default_chunk_size,
     torch_exact_search,
 )
 
@@ -61,6 +62,12 @@ def test_exact_matches_numpy_brute_force(data):
     np.testing.assert_array_equal(ids.numpy(), expected_ids)
     np.testing.assert_allclose(scores.numpy(), np.take_along_axis(all_scores, expected_ids, 1), rtol=1e-5, atol=1e-4)
     assert scores.dtype == torch.float32 and ids.dtype == torch.int64
+
+
+def test_default_chunk_size_keeps_the_scores_of_a_chunk_near_4_mb_on_cpu_and_takes_2_20_rows_on_gpu():
+    cpu = torch.device("cpu")
+    assert [default_chunk_size(cpu, q) for q in (1, 8, 9, 16, 64, 4096)] == [2**17] * 2 + [2**16] * 4
+    assert default_chunk_size(torch.device("cuda"), 1) == 2**20
 
 
 def test_chunked_exact_equals_unchunked(data):

@@ -15,7 +15,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 
-from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder
+from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, ShardedBlockIndex
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.tokenization.vocab import train_wordpiece_vocab
@@ -154,6 +154,27 @@ def run_until_swap(steps: Steps, swaps: int = 1) -> None:
     while len(steps.callback.swaps) < swaps:
         assert time.monotonic() < deadline, f"no swap after {BUILD_TIMEOUT}s: {steps.callback.failures}"
         steps.step(0.05)
+
+
+def test_async_builder_of_a_sharded_run_writes_one_file_per_rank_and_the_examples_get_a_sharded_index(
+    corpus, tmp_path
+):
+    embedder, examples, callback = setup_refresh(
+        corpus, tmp_path / "index", "async", refresh_every=2, build_kwargs={"num_shards": 2}
+    )
+    assert callback.index_builder_command(tmp_path / "snapshot", 1)[-2:] == ["--num-shards", "2"]
+    steps = Steps(callback, embedder)
+    run_until_swap(steps)
+    folder = tmp_path / "index" / "v000001" / "block_index"
+    assert sorted(p.name for p in folder.glob("block_emb*")) == [
+        "block_emb-00001-of-00002.safetensors",
+        "block_emb-00002-of-00002.safetensors",
+    ]
+    # One process (no group) holds both shards; it finds what the whole version finds.
+    assert isinstance(examples.index, ShardedBlockIndex) and examples.index.version == 1
+    queries = torch.randn(3, examples.index.dim, generator=torch.Generator().manual_seed(0))
+    whole = RealmBlockIndex.from_pretrained(folder)
+    assert torch.equal(examples.index.search(queries, 5)[1], whole.search(queries, 5)[1])
 
 
 def test_async_build_runs_in_another_process_without_blocking_the_steps(corpus, tmp_path):

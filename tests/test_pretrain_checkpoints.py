@@ -74,6 +74,23 @@ def test_resume_after_kill_9_continues_from_the_last_checkpoint_on_its_index_ver
     assert RealmScorer.from_pretrained(output / "scorer").config.retriever_proj_size == 16
 
 
+def test_saving_checkpoints_leaves_the_training_losses_unchanged(corpus, tmp_path):
+    # Writing a checkpoint builds the scorer to save it; its weight initialisation must not draw from the run's
+    # random number generators (dropout, masking), or a run that checkpoints trains differently after its first save.
+    losses = {}
+    for name, argv in (("saving", pretrain_argv(corpus, tmp_path / "saving", 4)), ("not", None)):
+        if argv is None:
+            argv = pretrain_argv(corpus, tmp_path / name, 4)
+            argv = argv[: argv.index("--save-steps")]
+        run = cli(argv)
+        output = run.communicate(timeout=KILL_TIMEOUT)[0]
+        assert run.returncode == 0, output[-3000:]
+        history = json.loads((tmp_path / name / "pretraining.json").read_text())["log_history"]
+        losses[name] = [entry["loss"] for entry in history if "loss" in entry]
+    assert (tmp_path / "saving" / "checkpoint-4").is_dir()
+    assert len(losses["saving"]) == 4 and losses["saving"] == losses["not"]
+
+
 def test_half_written_checkpoint_is_not_picked_for_resume(tmp_path):
     output = tmp_path / "out"
     complete = output / "checkpoint-4"

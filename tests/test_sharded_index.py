@@ -1,11 +1,15 @@
 """ShardedBlockIndex: exact search with the block embeddings split across 2 CPU processes (gloo)."""
 
+import json
 import multiprocessing
 
 import pytest
 import torch
+from test_index_builder import tiny_embedder, write_corpus
 
 from openrealm import RealmBlockIndex, ShardedBlockIndex
+from openrealm.index_realm import save_block_emb_shard, write_sharded_index
+from openrealm.trainers.index_builder import build_index
 
 NUM_BLOCKS, DIM, K = 1001, 16, 7
 QUERIES_PER_RANK = (5, 3)  # ranks may ask different numbers of questions
@@ -19,7 +23,11 @@ def _search_on_rank(rank: int, folder: str, store: str, output: str) -> None:
         index = ShardedBlockIndex.from_pretrained(folder)
         queries = torch.randn(QUERIES_PER_RANK[rank], DIM, generator=torch.Generator().manual_seed(rank))
         scores, ids = index.search(queries, K)
-        torch.save({"rows": index.block_emb.shape[0], "offset": index.offset, "scores": scores, "ids": ids}, output)
+        from_shards = ShardedBlockIndex.from_pretrained(f"{folder}-sharded")  # written in one file per rank
+        shard_scores, shard_ids = from_shards.search(queries, K)
+        result = {"rows": index.block_emb.shape[0], "offset": index.offset, "scores": scores, "ids": ids}
+        result.update(shard_scores=shard_scores, shard_ids=shard_ids, shard_mapped=from_shards.is_memory_mapped)
+        torch.save(result, output)
     finally:
         dist.destroy_process_group()
 
@@ -30,6 +38,7 @@ def sharded_results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sharded")
     block_emb = torch.randn(NUM_BLOCKS, DIM, generator=torch.Generator().manual_seed(0))
     RealmBlockIndex.build(block_emb).save_pretrained(folder / "index")
+    _sharded_folder(folder / "index-sharded", block_emb, 2)
     context = multiprocessing.get_context("fork")
     ranks = [
         context.Process(
@@ -61,6 +70,124 @@ def test_sharded_search_gives_the_ids_and_scores_of_one_process_holding_everythi
         assert (ids < 501).any() and (ids >= 501).any()  # the top-k merge took blocks from both shards
 
 
+def test_ranks_of_a_folder_written_in_shards_map_their_own_file_and_search_alike(sharded_results):
+    results, _ = sharded_results
+    for result in results:
+        assert torch.equal(result["shard_ids"], result["ids"]) and torch.equal(
+            result["shard_scores"], result["scores"]
+        )
+        assert result["shard_mapped"]
+
+
 def test_shard_ranges_tile_the_blocks_in_order():
     ranges = [ShardedBlockIndex.shard_range(10, rank, 4) for rank in range(4)]
     assert ranges == [(0, 3), (3, 6), (6, 8), (8, 10)]
+
+
+# --- sharded index folders (pre-training with --shard-index) ---------------------------------------------------------
+
+
+def _sharded_folder(folder, block_emb: torch.Tensor, num_shards: int, removed=None) -> None:
+    """An exact index folder written in num_shards files, as the ranks of a sharded build write it."""
+    folder.mkdir(parents=True)
+    files = []
+    for rank in range(num_shards):
+        start, stop = ShardedBlockIndex.shard_range(block_emb.shape[0], rank, num_shards)
+        files.append(folder / f"rank{rank}.tmp")
+        save_block_emb_shard(files[-1], block_emb[start:stop])
+    write_sharded_index(folder, files, block_emb.shape[0], version=3, removed_ids=removed)
+
+
+def test_a_sharded_folder_loads_as_the_whole_index_with_its_removed_ids(tmp_path):
+    block_emb = torch.randn(NUM_BLOCKS, DIM, generator=torch.Generator().manual_seed(0))
+    _sharded_folder(tmp_path / "index", block_emb, 3, removed=torch.tensor([5, 700]))
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == [
+        "block_emb-00001-of-00003.safetensors",
+        "block_emb-00002-of-00003.safetensors",
+        "block_emb-00003-of-00003.safetensors",
+        "index_config.json",
+        "removed_ids.safetensors",
+    ]
+    index = RealmBlockIndex.from_pretrained(tmp_path / "index")
+    assert torch.equal(index.block_emb, block_emb) and index.version == 3
+    assert index.removed_ids.tolist() == [5, 700]
+
+
+def test_a_rank_of_a_sharded_folder_maps_exactly_its_own_file(tmp_path):
+    block_emb = torch.randn(NUM_BLOCKS, DIM, generator=torch.Generator().manual_seed(0))
+    _sharded_folder(tmp_path / "index", block_emb, 2)
+    shard = ShardedBlockIndex.from_pretrained(tmp_path / "index", shard=(1, 2))
+    assert (shard.offset, shard.num_blocks, shard.version) == (501, NUM_BLOCKS, 3)
+    assert torch.equal(shard.block_emb, block_emb[501:])
+    assert shard.is_memory_mapped  # the file's pages, not a copy
+
+
+def test_rows_spanning_two_shard_files_are_read_from_both(tmp_path):
+    block_emb = torch.randn(NUM_BLOCKS, DIM, generator=torch.Generator().manual_seed(0))
+    _sharded_folder(tmp_path / "index", block_emb, 3)  # files of 334, 334, 333 rows; 2 ranks hold 501 and 500
+    shard = ShardedBlockIndex.from_pretrained(tmp_path / "index", shard=(0, 2))
+    assert torch.equal(shard.block_emb, block_emb[:501])
+
+
+def test_one_process_without_a_group_searches_every_block_like_realm_block_index(tmp_path):
+    block_emb = torch.randn(NUM_BLOCKS, DIM, generator=torch.Generator().manual_seed(0))
+    RealmBlockIndex.build(block_emb).remove([3, 9]).save_pretrained(tmp_path / "index")
+    queries = torch.randn(4, DIM, generator=torch.Generator().manual_seed(1))
+    sharded = ShardedBlockIndex.from_pretrained(tmp_path / "index")
+    whole = RealmBlockIndex.from_pretrained(tmp_path / "index")
+    for got, expected in zip(sharded.search(queries, K), whole.search(queries, K)):
+        assert torch.equal(got, expected)
+
+
+def test_searching_a_shard_outside_its_group_is_refused(tmp_path):
+    RealmBlockIndex.build(torch.randn(NUM_BLOCKS, DIM)).save_pretrained(tmp_path / "index")
+    shard = ShardedBlockIndex.from_pretrained(tmp_path / "index", shard=(0, 2))
+    with pytest.raises(
+        RuntimeError, match=r"holds rows \[0, 501\) but rank 0 of 1 processes searches rows \[0, 1001\]"
+    ):
+        shard.search(torch.randn(1, DIM), K)
+
+
+def test_a_sharded_config_of_an_approximate_index_is_refused(tmp_path):
+    block_emb = torch.randn(NUM_BLOCKS, DIM)
+    _sharded_folder(tmp_path / "index", block_emb, 2)
+    config = json.loads((tmp_path / "index" / "index_config.json").read_text())
+    (tmp_path / "index" / "index_config.json").write_text(json.dumps({**config, "index_type": "flat"}))
+    with pytest.raises(ValueError, match="num_shards=2"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_a_missing_shard_file_is_named(tmp_path):
+    _sharded_folder(tmp_path / "index", torch.randn(NUM_BLOCKS, DIM), 2)
+    (tmp_path / "index" / "block_emb-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="block_emb-00002-of-00002.safetensors"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_a_sharded_build_writes_the_embeddings_of_an_unsharded_one(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    embedder = tiny_embedder()
+    whole = build_index(embedder, corpus, tmp_path / "whole", progress=False)
+    first = build_index(embedder, corpus, tmp_path / "sharded", num_shards=2, progress=False)
+    folder = tmp_path / "sharded" / "v000000" / "block_index"
+    assert sorted(p.name for p in folder.glob("block_emb*")) == [
+        "block_emb-00001-of-00002.safetensors",
+        "block_emb-00002-of-00002.safetensors",
+    ]
+    assert torch.equal(RealmBlockIndex.from_pretrained(folder).block_emb, whole.block_emb)
+    assert (first.offset, first.block_emb.shape[0]) == (0, (whole.num_blocks + 1) // 2)  # shard 0 is returned
+    info = json.loads((tmp_path / "sharded" / "v000000" / "build_info.json").read_text())
+    assert info["num_shards"] == 2
+    assert not list((tmp_path / "sharded").glob(".*"))  # the ranks' scratch folder is gone
+    assert (folder / "embedder" / "config.json").is_file()  # corpus add can embed new blocks alike
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"index_type": "flat"}, "use index type 'exact'"), ({"layout": "plain"}, "versioned layout")],
+)
+def test_a_sharded_build_that_cannot_be_written_is_refused_before_embedding(tmp_path, kwargs, message):
+    corpus = write_corpus(tmp_path / "corpus")
+    with pytest.raises(ValueError, match=message):
+        build_index(tiny_embedder(), corpus, tmp_path / "out", num_shards=2, progress=False, **kwargs)
+    assert not (tmp_path / "out").exists()

@@ -39,7 +39,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,7 +49,13 @@ import torch
 
 from openrealm import RealmBlockIndex, ShardedBlockIndex
 from openrealm.file_utils import atomic_directory
-from openrealm.index_realm import INDEX_TYPES, resolve_index_params
+from openrealm.index_realm import (
+    INDEX_TYPES,
+    resolve_index_params,
+    save_block_emb_shard,
+    shard_file_name,
+    write_sharded_index,
+)
 from openrealm.tokenization.corpus import (
     batch_retriever_inputs,
     load_corpus,
@@ -309,9 +315,17 @@ def latest_index_dir(root: str | os.PathLike) -> Path:
     return Path(root) / version_dir_name(versions[-1]) / INDEX_SUBDIR
 
 
-def load_index(root: str | os.PathLike, version: int | None = None, device: str | torch.device | None = None):
-    """The RealmBlockIndex of `version` (default: the newest) under an index root written by build_index."""
+def load_index(
+    root: str | os.PathLike,
+    version: int | None = None,
+    device: str | torch.device | None = None,
+    sharded: bool = False,
+):
+    """The RealmBlockIndex of `version` (default: the newest) under an index root written by build_index; sharded:
+    this process's ShardedBlockIndex of it instead (its rows only, for a run with --shard-index)."""
     path = latest_index_dir(root) if version is None else Path(root) / version_dir_name(version) / INDEX_SUBDIR
+    if sharded:
+        return ShardedBlockIndex.from_pretrained(path, device=device)
     return RealmBlockIndex.from_pretrained(path, device=device)
 
 
@@ -333,15 +347,18 @@ def _previous_index(output_dir: Path, layout: str) -> tuple[Path, dict] | None:
     return (index_dir, config) if config else None
 
 
-def _write_version(index, output_dir: Path, build_info: dict, keep: int | None) -> Path:
-    """output_dir/vNNNNNN/{block_index/, build_info.json}, committed by one rename; then prune to the newest keep."""
-    name = version_dir_name(index.version)
+def _write_version(
+    write_files: Callable[[Path], None], version: int, output_dir: Path, build_info: dict, keep: int | None
+) -> Path:
+    """output_dir/vNNNNNN/{block_index/, build_info.json}, committed by one rename; then prune to the newest keep.
+    write_files(folder) writes the index's files into block_index/ being staged."""
+    name = version_dir_name(version)
     target = output_dir / name
     if target.exists():
         raise FileExistsError(f"index version {target} already exists; versions are immutable, pick a new --version")
     with atomic_directory(target) as staging:  # refuses a version that appears meanwhile
         (Path(staging) / INDEX_SUBDIR).mkdir()
-        index.write_files(Path(staging) / INDEX_SUBDIR)
+        write_files(Path(staging) / INDEX_SUBDIR)
         _write_json(Path(staging) / BUILD_INFO_NAME, build_info)
     _fsync_dir(output_dir)
     if keep:
@@ -391,6 +408,7 @@ def build_index(
     sort_by_length: bool = True,
     num_workers: int = 0,
     progress: bool = True,
+    num_shards: int = 1,
 ):
     """Embed every block of corpus_dir and write the index; returns the RealmBlockIndex (on every process).
 
@@ -399,6 +417,11 @@ def build_index(
     output_dir/vNNNNNN/ and keeps the newest `keep` versions (None: all); 'plain' writes output_dir itself.
     accelerator: an accelerate Accelerator or PartialState; every process embeds its share, the main process joins the
     shares in block order and writes, the others wait for it and load the written index (memory-mapped).
+    num_shards > 1: an exact index written as that many files (ShardedBlockIndex.shard_range rows each), for a
+    pre-training run with --shard-index. Under accelerate num_shards must equal the number of processes: each embeds
+    and writes its own shard, nothing is gathered, and each gets its ShardedBlockIndex. In one process the shards are
+    embedded and written one after the other (1/num_shards of the embeddings in memory at a time); it returns
+    shard 0's ShardedBlockIndex. Sharded indexes use the versioned layout.
     """
     from transformers import AutoTokenizer
 
@@ -406,6 +429,7 @@ def build_index(
         raise ValueError(f"layout must be 'versioned' or 'plain', got {layout!r}")
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     is_main = accelerator is None or accelerator.is_main_process
+    _check_num_shards(num_shards, world, index_type, layout)
     corpus_dir, output_dir = Path(corpus_dir), Path(output_dir).absolute()
     blocks = load_corpus(corpus_dir)
     embedder_name = os.fspath(embedder) if isinstance(embedder, (str, os.PathLike)) else _model_name(embedder)
@@ -426,64 +450,111 @@ def build_index(
         device = accelerator.device if accelerator is not None else next(embedder.parameters()).device
     tokenizer = AutoTokenizer.from_pretrained(corpus_dir)
 
+    def embed(shard: tuple[int, int]) -> torch.Tensor:
+        return embed_blocks(
+            embedder,
+            blocks,
+            tokenizer,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            max_length=max_length,
+            shard=shard,
+            sort_by_length=sort_by_length,
+            num_workers=num_workers,
+            progress=progress and is_main,
+        )
+
     started = time.perf_counter()
-    local = embed_blocks(
-        embedder,
-        blocks,
-        tokenizer,
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        max_length=max_length,
-        shard=(rank, world),
-        sort_by_length=sort_by_length,
-        num_workers=num_workers,
-        progress=progress and is_main,
-    )
-    block_emb = gather_shards(local, len(blocks), accelerator)
-    seconds = time.perf_counter() - started
     index_dir = output_dir if layout == "plain" else output_dir / version_dir_name(version) / INDEX_SUBDIR
+    info = _build_info(index_type, version, len(blocks), dim, corpus_dir, blocks, embedder, embedder_name, device)
+    info.update(dtype=str(resolve_dtype(dtype, torch.device(device))).removeprefix("torch."), max_length=max_length)
+    info.update(world_size=world, num_shards=num_shards)
+    removed_ids = torch.from_numpy(read_removed_block_ids(corpus_dir))  # never retrieved (corpus remove)
+    if num_shards > 1:
+        scratch = output_dir / f".{version_dir_name(version)}.shards"  # each rank's file, until the version commits
+        scratch.mkdir(parents=True, exist_ok=True)
+        for shard in [rank] if world > 1 else range(num_shards):
+            path = scratch / shard_file_name(shard, num_shards)
+            save_block_emb_shard(path.with_suffix(".tmp"), embed((shard, num_shards)))
+            os.replace(path.with_suffix(".tmp"), path)
+        if world > 1:
+            accelerator.wait_for_everyone()
+        if is_main:
+            seconds = time.perf_counter() - started
+            info.update(embed_seconds=round(seconds, 3), blocks_per_second=round(len(blocks) / seconds, 2))
+            files = [scratch / shard_file_name(shard, num_shards) for shard in range(num_shards)]
+
+            def write_files(folder: Path) -> None:
+                write_sharded_index(
+                    folder, files, len(blocks), version=version, metadata=info, removed_ids=removed_ids,
+                    embedder=embedder,
+                )  # fmt: skip
+
+            try:
+                _write_version(write_files, version, output_dir, info, keep)
+            finally:  # committed (the files moved in) or failed (a rebuild of the version writes them again)
+                shutil.rmtree(scratch, ignore_errors=True)
+        if world > 1:
+            accelerator.wait_for_everyone()
+        if world == 1:
+            return ShardedBlockIndex.from_pretrained(index_dir, shard=(0, num_shards))
+        return ShardedBlockIndex.from_pretrained(index_dir, device=device)
+
+    block_emb = gather_shards(embed((rank, world)), len(blocks), accelerator)
+    seconds = time.perf_counter() - started
     index = None
     if is_main:
         index = RealmBlockIndex.build(block_emb, index_type=index_type, version=version, **(index_params or {}))
         index.embedder = embedder  # saved as block_index/embedder/: blocks added later are embedded alike
-        index.removed_ids = torch.from_numpy(read_removed_block_ids(corpus_dir))  # never retrieved (corpus remove)
-        info = _build_info(index, corpus_dir, blocks, embedder, embedder_name, device, dtype, max_length, world)
+        index.removed_ids = removed_ids
         info.update(embed_seconds=round(seconds, 3), blocks_per_second=round(len(blocks) / seconds, 2))
         index.metadata.update(info)  # provenance travels inside index_config.json, whatever the layout
         if layout == "plain":
             index.save_pretrained(output_dir)
         else:
-            _write_version(index, output_dir, info, keep)
+            _write_version(index.write_files, version, output_dir, info, keep)
     if accelerator is not None and world > 1:
         accelerator.wait_for_everyone()
     return index if index is not None else RealmBlockIndex.from_pretrained(index_dir)
+
+
+def _check_num_shards(num_shards: int, world: int, index_type: str, layout: str) -> None:
+    """Refuse a sharded build that cannot be written: not exact, plain layout, or not one shard per process."""
+    if num_shards == 1:
+        return
+    if not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"num_shards must be an int >= 1, got {num_shards!r}")
+    if index_type != "exact":
+        raise ValueError(f"a sharded index searches exactly: use index type 'exact', not '{index_type}'")
+    if layout != "versioned":
+        raise ValueError("a sharded index is written in the versioned layout (OUTPUT/vNNNNNN/), not 'plain'")
+    if world > 1 and num_shards != world:
+        raise ValueError(f"{world} processes write {world} shards (one each), not num_shards={num_shards}")
 
 
 def _model_name(model: torch.nn.Module) -> str:
     return getattr(model.config, "_name_or_path", "") or type(model).__name__
 
 
-def _build_info(index, corpus_dir, blocks, embedder, embedder_name, device, dtype, max_length, world) -> dict:
+def _build_info(index_type, version, num_blocks, dim, corpus_dir, blocks, embedder, embedder_name, device) -> dict:
+    """build_info.json (also the index's metadata): what was embedded, by what, where, when."""
     import openrealm
 
     corpus_config = read_corpus_config(corpus_dir)
     return {
         "format": "openrealm.index_build",
         "format_version": 1,
-        "version": index.version,
-        "index_type": index.index_type,
-        "num_blocks": index.num_blocks,
-        "dim": index.dim,
+        "version": version,
+        "index_type": index_type,
+        "num_blocks": num_blocks,
+        "dim": dim,
         "corpus": str(Path(corpus_dir).absolute()),
         "corpus_fingerprint": corpus_fingerprint(blocks),
         "corpus_tokenizer": corpus_config.get("tokenizer"),
         "embedder": embedder_name,
         "embedder_class": type(embedder).__name__,
-        "max_length": max_length,
-        "dtype": str(resolve_dtype(dtype, torch.device(device))).removeprefix("torch."),
         "device": str(device),
-        "world_size": world,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "openrealm_version": openrealm.__version__,
     }
@@ -523,6 +594,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="versioned: OUTPUT/vNNNNNN/{block_index,build_info.json}; plain: OUTPUT is the index folder itself",
     )
     parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
+    parser.add_argument(
+        "--num-shards",
+        type=int,
+        default=1,
+        help="write an exact index as N files, one per process of a `train pretrain --shard-index` run (default 1)",
+    )
     parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass, per process")
     parser.add_argument(
         "--max-length", type=int, default=None, help="wordpieces per block (default 288, or what the embedder reads)"
@@ -595,6 +672,7 @@ def run(args: argparse.Namespace) -> int:
         sort_by_length=not args.no_sort,
         num_workers=num_workers,
         progress=not args.quiet,
+        num_shards=args.num_shards,
     )
     if state.is_main_process:
         where = args.output if args.layout == "plain" else latest_index_dir(args.output).parent

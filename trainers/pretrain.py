@@ -43,6 +43,8 @@ callback makes every rank swap to the same index version at the same step (see t
 through one staging folder shared by the ranks (each adds its rng state) and rank 0 alone writes the rest, as it alone
 writes the output folders, the others waiting at barriers. Each rank writes OUTPUT/refresh/rank-R.json: the
 (first step, index version) pairs it trained with and its batches were collated from, its swaps, peak memory.
+With `--shard-index` (exact index) every version is written as one file per rank and each rank holds only its
+rows as a ShardedBlockIndex on its device; each collate step's search is collective (index_realm.ShardedBlockIndex).
 
 Departures from Google's code: the DataLoader runs in the training process (dataloader_num_workers=0) because the
 collator's examples object is the one the refresh callback updates (Google runs separate example-generator servers).
@@ -211,6 +213,14 @@ class RealmPretrainingTrainer(Trainer):
             getattr(model, name).load_state_dict(cls.from_pretrained(folder).state_dict())
 
     def _save_checkpoint(self, model, trial) -> None:
+        """Save a checkpoint (see _write_checkpoint) without touching the random number generators: building the
+        scorer to save it initialises weights, which would shift every later dropout mask and masking draw, so a run
+        that checkpoints would train differently from one that does not."""
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            self._write_checkpoint(model, trial)
+
+    def _write_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint plus the REALM folders, written into OUTPUT/.staging-checkpoint-N-*/ and renamed
         to OUTPUT/checkpoint-N once complete (the Trainer writes into the final name directly: a kill mid-save would
         leave a checkpoint-N that get_last_checkpoint picks); then rotation, and pruning of unused index versions.
@@ -307,11 +317,18 @@ def fit_sequence_lengths(args: argparse.Namespace, embedder, encoder, tokenizer)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def index_shards(args: argparse.Namespace, world: int) -> int:
+    """Shards each index version is written in: one per process with --shard-index (else 1: one shared file)."""
+    return world if getattr(args, "shard_index", False) and world > 1 else 1
+
+
 def initial_index(args: argparse.Namespace, embedder, index_root: Path, accelerator=None):
     """`--index ROOT` (newest version) or version 0 built from the initial embedder into index_root. accelerator: the
-    PartialState of several processes: each embeds its share, the main one writes, every one gets the index."""
+    PartialState of several processes: each embeds its share, the main one writes, every one gets the index (with
+    --shard-index: each writes its shard and holds only it)."""
+    world = accelerator.num_processes if accelerator is not None else 1
     if args.index:
-        return load_index(args.index)
+        return load_index(args.index, sharded=index_shards(args, world) > 1, device=_shard_device(args, world))
     return build_index(
         embedder,
         args.corpus,
@@ -322,7 +339,15 @@ def initial_index(args: argparse.Namespace, embedder, index_root: Path, accelera
         max_length=getattr(args, "candidate_seq_len", CANDIDATE_SEQ_LEN),
         progress=False,
         accelerator=accelerator,
+        num_shards=index_shards(args, world),
     )
+
+
+def _shard_device(args: argparse.Namespace, world: int) -> str | None:
+    """Where a rank's index shard lives: the training device (NCCL collectives need GPU tensors); None unsharded."""
+    if index_shards(args, world) == 1:
+        return None
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def runs_on_cpu_processes() -> bool:
@@ -401,12 +426,13 @@ def resolve_checkpoint(value: str | None, output: str | os.PathLike) -> Path | N
     return path
 
 
-def checkpoint_index(checkpoint: Path):
-    """The index version a checkpoint's refresh_state.json records, loaded from its index_root."""
+def checkpoint_index(checkpoint: Path, sharded: bool = False, device: str | None = None):
+    """The index version a checkpoint's refresh_state.json records, loaded from its index_root (sharded: this
+    process's ShardedBlockIndex of it, on device)."""
     path = checkpoint / REFRESH_STATE_NAME
     state = json.loads(path.read_text())
     try:
-        return load_index(state["index_root"], state["index_version"])
+        return load_index(state["index_root"], state["index_version"], sharded=sharded, device=device)
     except OSError as error:
         raise FileNotFoundError(
             f"{path} uses index version {state['index_version']} of {state['index_root']}, which cannot be loaded: "
@@ -494,6 +520,7 @@ def build_trainer(
         build_kwargs={
             "batch_size": args.index_batch_size,
             "max_length": getattr(args, "candidate_seq_len", CANDIDATE_SEQ_LEN),
+            "num_shards": index_shards(args, int(os.environ.get("WORLD_SIZE", "1"))),
         },
     )
     warmup = google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps
@@ -589,6 +616,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--index", default=None, help="existing index root built from --embedder (default: build v0)")
     parser.add_argument("--index-root", default=None, help="where index versions go (default OUTPUT/index)")
+    parser.add_argument(
+        "--shard-index",
+        action="store_true",
+        help="under accelerate launch, each process holds 1/N of the index and searches are merged across processes",
+    )
     parser.add_argument("--index-batch-size", type=int, default=128, help="blocks per forward pass when indexing")
     parser.add_argument(
         "--builder-device",
@@ -674,7 +706,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
         index_root = Path(args.index_root or Path(args.output) / "index")
         index = initial_index(args, embedder, index_root, accelerator=state if world > 1 else None)
     else:
-        index = checkpoint_index(checkpoint)
+        index = checkpoint_index(checkpoint, index_shards(args, world) > 1, _shard_device(args, world))
     trainer = build_trainer(args, embedder, encoder, tokenizer, blocks, index, callbacks=callbacks)
     if checkpoint is not None:
         restored = restore_refresh_state(checkpoint, trainer.refresh, index)
@@ -744,6 +776,7 @@ def write_rank_record(trainer: RealmPretrainingTrainer, output: str | os.PathLik
         "swaps": [{k: v for k, v in swap.items() if k != "stall_seconds"} for swap in refresh.swaps],
         "stall_seconds": [round(swap["stall_seconds"], 5) for swap in refresh.swaps],
         "index_memory_mapped": bool(getattr(refresh.examples.index, "is_memory_mapped", False)),
+        "index_rows": int(refresh.examples.index.block_emb.shape[0]),  # this process's rows: num_blocks / N if sharded
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     write_json_atomic(path, record)

@@ -154,6 +154,8 @@ class RealmPretrainingExamples:
             retrieved = retrieved.cpu().tolist()
         else:
             retrieved = []
+            if getattr(self.index, "collective", False):  # a sharded index: every rank joins each search
+                self.index.search(torch.zeros(0, self.index.dim), self.num_candidates)
         unique_ids = sorted({i for ids in retrieved for i in ids})
         by_id = dict(zip(unique_ids, _fetch_rows(self.blocks, unique_ids)))
         kept, candidates = [], []

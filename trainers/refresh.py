@@ -197,7 +197,7 @@ class IndexRefreshCallback(TrainerCallback):
     process of this machine uses when there is one, else cuda:0 shared with rank 0, else cpu).
     builder_command: (snapshot folder, version) -> argv of the async builder; default `index_builder_command`.
     build_kwargs: extra keyword arguments of `build_index` (sync) / options of the builder (async): index_type,
-    batch_size, max_length.
+    batch_size, max_length, num_shards (> 1: each process holds and searches its shard, see ShardedBlockIndex).
     lag: async only: swap each build in exactly `lag` steps after its snapshot, waiting for it then if needed (a
     reproducible run); None (default, as Google): at the first step boundary after the build has ended.
     """
@@ -231,6 +231,8 @@ class IndexRefreshCallback(TrainerCallback):
         self.builder_device = builder_device or default_builder_device()
         self.builder_command = builder_command or self.index_builder_command
         self.build_kwargs = dict(build_kwargs or {})
+        # num_shards > 1 (--shard-index): versions are written in shards and each rank holds its ShardedBlockIndex
+        self.sharded = self.build_kwargs.get("num_shards", 1) > 1
         self.snapshot_step = snapshot_step
         self.snapshot_time = time.time() if snapshot_time is None else snapshot_time
         self.last_build_step = snapshot_step  # the step of the snapshot of the newest build started (or in use)
@@ -350,10 +352,18 @@ class IndexRefreshCallback(TrainerCallback):
         )
         # Every rank maps the written version (the builder's in-memory copy on the main process is dropped): the
         # ranks share its pages instead of each holding the embeddings.
-        index = load_index(self.index_root, index.version)
+        index = self.load_version(index.version)
         self._swap(snapshot, index, global_step, global_step, snapshot_time, started)
         if rank == 0:
             self.prune_versions()
+
+    def load_version(self, version: int):
+        """Index `version` of index_root: memory-mapped (shared by the ranks), or this rank's shard on the training
+        device when sharded (its collectives then run over the training backend: gloo on CPU, NCCL on GPU)."""
+        if not self.sharded:
+            return load_index(self.index_root, version)
+        device = self.device or next(self.examples.query_embedder.parameters()).device
+        return load_index(self.index_root, version, device=device, sharded=True)
 
     def _agree_on_version(self, version: int) -> int:
         """The main process's version number, on every process."""
@@ -391,6 +401,8 @@ class IndexRefreshCallback(TrainerCallback):
             command += ["--batch-size", str(self.build_kwargs["batch_size"])]
         if "max_length" in self.build_kwargs:
             command += ["--max-length", str(self.build_kwargs["max_length"])]
+        if self.sharded:
+            command += ["--num-shards", str(self.build_kwargs["num_shards"])]
         return command
 
     def start_build(self, embedder: torch.nn.Module, global_step: int) -> None:
@@ -538,7 +550,7 @@ class IndexRefreshCallback(TrainerCallback):
         snapshot_dir = self.index_root / SNAPSHOTS_DIR / f"step-{snapshot_step}"
 
         def load():
-            return load_snapshot(template, snapshot_dir, device), load_index(self.index_root, version)
+            return load_snapshot(template, snapshot_dir, device), self.load_version(version)
 
         return {
             "version": version,
