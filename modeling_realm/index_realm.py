@@ -437,7 +437,7 @@ class RealmBlockIndex:
                 self._apply_search_params()
             if target_gpu is not None and self._gpu_resources is None:
                 self._to_faiss_gpu(target_gpu)
-        self.block_emb = self.block_emb.to(device)
+        self.block_emb = _on_device(self.block_emb, device)
         if self.block_emb.device.type != "cpu":
             self._mmap = None
         return self
@@ -605,7 +605,7 @@ class ShardedBlockIndex:
         removed = _read_removed_ids(directory, config)
         removed = torch.zeros(0, dtype=torch.long) if removed is None else removed
         mine = removed[(removed >= start) & (removed < stop)] - start
-        shard = shard.to(device) if device is not None else shard
+        shard = _on_device(shard, device) if device is not None else shard
         num_searchable = num_blocks - removed.numel()
         chunk_size = config["params"].get("chunk_size")
         return cls(shard, start, num_blocks, group, chunk_size, num_searchable, mine, version=config["version"])
@@ -659,6 +659,15 @@ class ShardedBlockIndex:
             )
             scores[:, :local_k], ids[:, :local_k] = found_scores, found_ids + self.offset
         return scores, ids
+
+
+def _on_device(tensor: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """tensor on device; a CPU tensor stays itself for any CPU device ("cpu:0", as accelerate names it, included),
+    since Tensor.to("cpu:0") copies, and a copy would turn memory-mapped embeddings into private memory."""
+    device = torch.device(device)
+    if device.type == "cpu" and tensor.device.type == "cpu":
+        return tensor
+    return tensor.to(device)
 
 
 def _group_rank_and_size(group: torch.distributed.ProcessGroup | None) -> tuple[int, int]:

@@ -191,3 +191,15 @@ def test_a_sharded_build_that_cannot_be_written_is_refused_before_embedding(tmp_
     with pytest.raises(ValueError, match=message):
         build_index(tiny_embedder(), corpus, tmp_path / "out", num_shards=2, progress=False, **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+def test_loading_onto_accelerates_cpu_0_device_keeps_the_shard_memory_mapped(tmp_path):
+    # accelerate names a CPU process's device "cpu:0"; Tensor.to("cpu:0") would copy the mapped rows into RAM.
+    _sharded_folder(tmp_path / "index", torch.randn(NUM_BLOCKS, DIM), 2)
+    shard = ShardedBlockIndex.from_pretrained(tmp_path / "index", device=torch.device("cpu", 0), shard=(0, 2))
+    assert shard.is_memory_mapped
+
+
+def test_an_unsharded_index_loaded_onto_cpu_0_stays_memory_mapped(tmp_path):
+    RealmBlockIndex.build(torch.randn(NUM_BLOCKS, DIM)).save_pretrained(tmp_path / "index")
+    assert RealmBlockIndex.from_pretrained(tmp_path / "index", device=torch.device("cpu", 0)).is_memory_mapped
