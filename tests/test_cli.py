@@ -2,6 +2,8 @@
 
 import io
 import json
+import subprocess
+import sys
 
 from conftest import BLOCK_TEXTS, fixture_folder, make_openqa_model
 
@@ -33,3 +35,40 @@ def test_ask_reads_questions_from_stdin(tmp_path, capsys, monkeypatch):
     assert main(["ask", "--model", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("Q: ") == 2 and "who was born in paris ?" in out
+
+
+# --- lazy parsers: help imports only what it shows ---------------------------------------------------------------
+
+HELP_IMPORTS = """
+import contextlib, io, json, sys
+from openrealm.trainers import cli
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    cli.main(sys.argv[1:])
+print(json.dumps(sorted(module for module, _ in cli.JOBS.values() if module in sys.modules)))
+"""
+
+
+def job_modules_imported_by(*argv: str) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", HELP_IMPORTS, *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_top_level_help_imports_no_job_module():
+    assert job_modules_imported_by("--help") == []
+
+
+def test_a_job_help_imports_that_job_module_and_what_it_needs_only():
+    assert job_modules_imported_by("world", "--help") == ["openrealm.trainers.synthetic_world"]
+    imported = job_modules_imported_by("train", "pretrain", "--help")
+    assert "openrealm.trainers.pretrain" in imported
+    assert not {"openrealm.trainers.quickstart", "openrealm.trainers.openqa", "openrealm.trainers.push"} & set(
+        imported
+    )
+
+
+def test_a_job_help_lists_the_job_options():
+    help_text = subprocess.run(
+        [sys.executable, "-m", "openrealm", "train", "pretrain", "--help"], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert "--shard-index" in help_text and "--refresh-every" in help_text

@@ -25,6 +25,8 @@ import json
 import os
 import sys
 
+EXIT_STATUS = "exit status: 0 done; 1 failed (e.g. weights missing, a model not found); 2 bad arguments or input"
+
 # (group, command) -> (module providing add_arguments/run, help). Modules are imported only to build the parser.
 JOBS = {
     ("quickstart", None): (
@@ -60,11 +62,23 @@ JOBS = {
 }
 
 
-def add_jobs(commands) -> None:
-    """One sub-command per job; grouped jobs (`corpus build`, `train ict`, ...) share their group's parser."""
+def selected_job(argv: list[str]) -> tuple[str, str | None] | None:
+    """The (group, command) of JOBS that argv names (`corpus build ...` -> ("corpus", "build")), else None."""
+    words = [word for word in argv if not word.startswith("-")]
+    if not words:
+        return None
+    for group, command in JOBS:
+        if words[0] == group and (command is None or words[1:2] == [command]):
+            return group, command
+    return None
+
+
+def add_jobs(commands, selected: tuple[str, str | None] | None) -> None:
+    """One sub-command per job; grouped jobs (`corpus build`, `train ict`, ...) share their group's parser. Only the
+    selected job's module is imported, to add its options: `openrealm --help` or another command imports no job
+    module (each pulls in torch, transformers, datasets: seconds)."""
     groups = {}
     for (group, command), (module_name, help_text) in JOBS.items():
-        module = importlib.import_module(module_name)
         if command is None:
             parser = commands.add_parser(group, help=help_text, description=help_text)
         else:
@@ -73,6 +87,9 @@ def add_jobs(commands) -> None:
                     dest=f"{group}_command", required=True
                 )
             parser = groups[group].add_parser(command, help=help_text, description=help_text)
+        if (group, command) != selected:
+            continue
+        module = importlib.import_module(module_name)
         if command in getattr(module, "COMMANDS", ()):  # one module serving several commands of a group
             module.add_arguments(parser, command)
         else:
@@ -80,8 +97,15 @@ def add_jobs(commands) -> None:
         parser.set_defaults(handler=module.run)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="openrealm", description="REALM for transformers 5.")
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `openrealm` parser for argv (default sys.argv[1:]): every command is listed, and the options of the job
+    argv names are added (so `--help` of a job lists them)."""
+    parser = argparse.ArgumentParser(
+        prog="openrealm",
+        description="REALM for transformers 5.",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="convert a transformers 4.x REALM folder to the OpenREALM layout")
@@ -99,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     ask.set_defaults(handler=run_ask)
 
-    add_jobs(commands)
+    add_jobs(commands, selected_job(sys.argv[1:] if argv is None else argv))
     return parser
 
 
@@ -163,10 +187,10 @@ def report_error(error: BaseException, status: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; see the module docstring for the exit status."""
+    args = build_parser(argv).parse_args(argv)
     from openrealm.modeling_realm import MissingWeightsError
     from openrealm.trainers.towers import check_model_folder
 
-    args = build_parser().parse_args(argv)
     try:
         for name, flag in MODEL_ARGUMENTS:
             if isinstance(getattr(args, name, None), str):

@@ -1,0 +1,67 @@
+"""How long `openrealm --help` and a job's `--help` take to start (issue 18 §3: under 1 s on 2 cores).
+
+    .venv/bin/python benchmarks/bench_cli_startup.py [--repeats 7] [--baseline d7cf237]
+
+Each command runs --repeats times in a fresh process; reported: median and range of wall time. In the same run:
+`python -c pass` (the interpreter's floor), `import torch`, `import openrealm` (the package root: it registers REALM
+with transformers, which imports torch), and the command line of the --baseline revision (its trainers/cli.py run as
+a script against the installed package), whose parser imported every job module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wall_times(command: list[str], repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--baseline", default="d7cf237", help="git revision whose cli.py to compare with")
+    args = parser.parse_args()
+    python = sys.executable
+    baseline = tempfile.NamedTemporaryFile("w", suffix="_cli.py", delete=False)
+    baseline.write(subprocess.run(["git", "-C", REPO, "show", f"{args.baseline}:trainers/cli.py"],
+                                  check=True, capture_output=True, text=True).stdout)  # fmt: skip
+    baseline.close()
+    commands = {
+        "python -c pass": [python, "-c", "pass"],
+        "python -c 'import torch'": [python, "-c", "import torch"],
+        "python -c 'import openrealm'": [python, "-c", "import openrealm"],
+        "openrealm --help": [python, "-m", "openrealm", "--help"],
+        "openrealm corpus build --help": [python, "-m", "openrealm", "corpus", "build", "--help"],
+        "openrealm train pretrain --help": [python, "-m", "openrealm", "train", "pretrain", "--help"],
+        f"openrealm --help at {args.baseline}": [python, baseline.name, "--help"],
+    }
+    import torch
+
+    print(
+        f"- {platform.machine()}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}"
+    )
+    print(f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.repeats} runs each, fresh processes\n")
+    print("| command | median s | range s |\n|---|---|---|")
+    for name, command in commands.items():
+        times = wall_times(command, args.repeats)
+        print(f"| `{name}` | {statistics.median(times):.2f} | {min(times):.2f}-{max(times):.2f} |")
+    os.unlink(baseline.name)
+
+
+if __name__ == "__main__":
+    main()
