@@ -4,46 +4,111 @@
 AutoModelForMaskedLM, AutoModelForQuestionAnswering, AutoTokenizer, including legacy configs that name
 "RealmTokenizer") and the `pipeline("question-answering")` task.
 
+The public names are imported on first use; registering imports them all. The `openrealm` command itself registers
+only when a command runs, so that `openrealm --help` needs neither torch nor transformers.
+
 This file is the package root of the distribution (setup.cfg maps `openrealm` to modeling_realm/). It is not shipped
 as Hub custom code; the model files beside it are, and they import nothing outside modeling_realm/. Registering the
 tokenizer is the one reason this root imports the `openrealm.tokenization` subpackage.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForQuestionAnswering,
-    AutoTokenizer,
-)
-from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+from __future__ import annotations
 
-from .block_records import BlockRecords, convert_legacy_block_records
-from .configuration_realm import RealmConfig
-from .convert_realm import convert_legacy_folder
-from .index_realm import RealmBlockIndex, ShardedBlockIndex
-from .modeling_realm import (
-    REALM_MODEL_CLASSES,
-    RealmEmbedder,
-    RealmEmbedderOutput,
-    RealmForOpenQA,
-    RealmForOpenQAOutput,
-    RealmKnowledgeAugEncoder,
-    RealmPreTrainedModel,
-    RealmReader,
-    RealmReaderOutput,
-    RealmScorer,
-    RealmScorerOutput,
-)
-from .pipeline_realm import RealmQuestionAnsweringPipeline
-from .retrieval_realm import RealmRetriever
-from .tokenization import RealmTokenizer, RealmTokenizerFast
+import importlib
+import os
+import sys
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+# Public name -> the submodule defining it. Imported on first use (PEP 562): the submodules pull in torch and
+# transformers (3 s), which `openrealm --help` must not pay.
+_EXPORTS = {
+    "BlockRecords": ".block_records",
+    "convert_legacy_block_records": ".block_records",
+    "RealmConfig": ".configuration_realm",
+    "convert_legacy_folder": ".convert_realm",
+    "RealmBlockIndex": ".index_realm",
+    "ShardedBlockIndex": ".index_realm",
+    **dict.fromkeys(
+        (
+            "REALM_MODEL_CLASSES",
+            "RealmEmbedder",
+            "RealmEmbedderOutput",
+            "RealmForOpenQA",
+            "RealmForOpenQAOutput",
+            "RealmKnowledgeAugEncoder",
+            "RealmPreTrainedModel",
+            "RealmReader",
+            "RealmReaderOutput",
+            "RealmScorer",
+            "RealmScorerOutput",
+        ),
+        ".modeling_realm",
+    ),
+    "RealmQuestionAnsweringPipeline": ".pipeline_realm",
+    "RealmRetriever": ".retrieval_realm",
+    "RealmTokenizer": ".tokenization",
+    "RealmTokenizerFast": ".tokenization",
+}
+
+if TYPE_CHECKING:
+    from .block_records import BlockRecords, convert_legacy_block_records
+    from .configuration_realm import RealmConfig
+    from .convert_realm import convert_legacy_folder
+    from .index_realm import RealmBlockIndex, ShardedBlockIndex
+    from .modeling_realm import (
+        REALM_MODEL_CLASSES,
+        RealmEmbedder,
+        RealmEmbedderOutput,
+        RealmForOpenQA,
+        RealmForOpenQAOutput,
+        RealmKnowledgeAugEncoder,
+        RealmPreTrainedModel,
+        RealmReader,
+        RealmReaderOutput,
+        RealmScorer,
+        RealmScorerOutput,
+    )
+    from .pipeline_realm import RealmQuestionAnsweringPipeline
+    from .retrieval_realm import RealmRetriever
+    from .tokenization import RealmTokenizer, RealmTokenizerFast
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'openrealm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+_registered = False
 
 
 def register_with_transformers() -> None:
     """Make transformers' Auto classes and `pipeline` know REALM (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForQuestionAnswering,
+        AutoTokenizer,
+    )
+    from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+
+    from .configuration_realm import RealmConfig
+    from .modeling_realm import REALM_MODEL_CLASSES, RealmForOpenQA, RealmKnowledgeAugEncoder
+    from .pipeline_realm import RealmQuestionAnsweringPipeline
+    from .tokenization import RealmTokenizer
+
     AutoConfig.register("realm", RealmConfig, exist_ok=True)
     # One config type, five architectures: AutoModel picks the class named in config.architectures.
     AutoModel.register(RealmConfig, REALM_MODEL_CLASSES, exist_ok=True)
@@ -63,11 +128,22 @@ def register_with_transformers() -> None:
     for model_class in REALM_MODEL_CLASSES:
         model_class.register_for_auto_class("AutoModel")
     RealmTokenizer.register_for_auto_class("AutoTokenizer")
+    _registered = True
 
 
-register_with_transformers()
+def _is_the_command_line() -> bool:
+    """This process is the `openrealm` command (the console script or `python -m openrealm`): it registers REALM
+    itself once a command runs (trainers/cli.py), so that `openrealm --help` starts without torch."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    console_script = os.path.basename(sys.argv[0]) in ("openrealm", "openrealm.exe")
+    return console_script or any(a == "-m" and b == "openrealm" for a, b in zip(argv, argv[1:]))
+
+
+if not _is_the_command_line():
+    register_with_transformers()
 
 __all__ = [
+    "REALM_MODEL_CLASSES",
     "BlockRecords",
     "RealmBlockIndex",
     "ShardedBlockIndex",

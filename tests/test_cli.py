@@ -72,3 +72,28 @@ def test_a_job_help_lists_the_job_options():
         [sys.executable, "-m", "openrealm", "train", "pretrain", "--help"], capture_output=True, text=True, timeout=120
     ).stdout
     assert "--shard-index" in help_text and "--refresh-every" in help_text
+
+
+def test_openrealm_help_starts_without_importing_torch_or_transformers():
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "openrealm", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: openrealm")
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    assert "openrealm.trainers.cli" in imported
+    assert not {"torch", "transformers", "datasets"} & imported
+
+
+def test_the_command_line_registers_realm_before_a_command_runs(tmp_path):
+    # `python -m openrealm` defers the package root's registration with transformers to the command: the
+    # question-answering pipeline must still exist when `ask` runs.
+    make_openqa_model(seed=0).save_pretrained(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "openrealm", "ask", "--model", str(tmp_path), "--json", BLOCK_TEXTS[0]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    answer = json.loads(result.stdout.splitlines()[-1])["answers"][0]
+    assert {"answer", "score", "block_id", "title", "text"} <= set(answer)

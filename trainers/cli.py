@@ -140,8 +140,6 @@ def run_convert(args: argparse.Namespace) -> int:
 def run_ask(args: argparse.Namespace) -> int:
     from transformers import pipeline
 
-    import openrealm  # noqa: F401 - registers the question-answering pipeline
-
     questions = args.question or [line.strip() for line in sys.stdin if line.strip()]
     if not questions:
         print("openrealm ask: no question given (pass one, or pipe them on stdin).", file=sys.stderr)
@@ -188,6 +186,9 @@ def report_error(error: BaseException, status: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; see the module docstring for the exit status."""
     args = build_parser(argv).parse_args(argv)
+    import openrealm
+
+    openrealm.register_with_transformers()  # deferred by the package root for this command line (fast --help)
     from openrealm.modeling_realm import MissingWeightsError
     from openrealm.trainers.towers import check_model_folder
 
