@@ -79,7 +79,9 @@ def test_openrealm_help_starts_without_importing_torch_or_transformers():
         [sys.executable, "-X", "importtime", "-m", "openrealm", "--help"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and result.stdout.startswith("usage: openrealm")
-    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    imported = {
+        line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time")
+    }
     assert "openrealm.trainers.cli" in imported
     assert not {"torch", "transformers", "datasets"} & imported
 
