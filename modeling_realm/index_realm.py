@@ -353,6 +353,7 @@ class RealmBlockIndex:
 
         Scores are always the exact inner products query_emb . block_emb[id], whatever index found the ids.
         """
+        query_emb = _query_tensor(query_emb)
         k = _check_search_args(query_emb, k, self.dim, self.num_searchable)
         chunk_size = self.params.get("chunk_size")
         excluded = self.removed_ids if self.removed_ids.numel() else None
@@ -615,6 +616,7 @@ class ShardedBlockIndex:
         first, on query_emb's device."""
         import torch.distributed as dist
 
+        query_emb = _query_tensor(query_emb)
         k = _check_search_args(query_emb, k, self.dim, self.num_searchable)
         rank, world = _group_rank_and_size(self.group)
         expected = self.shard_range(self.num_blocks, rank, world)
@@ -949,12 +951,22 @@ def _read_removed_ids(directory: Path, config: dict) -> torch.Tensor | None:
     return ids
 
 
+def _query_tensor(query_emb) -> torch.Tensor:
+    """A numpy query array as a tensor (sharing its memory); anything else as it is."""
+    return torch.from_numpy(query_emb) if isinstance(query_emb, np.ndarray) else query_emb
+
+
 def _check_search_args(query_emb: torch.Tensor, k, dim: int, num_blocks: int) -> int:
-    """Refuse queries that are not [num_queries, dim] and a k outside [1, num_blocks] -> k as an int (numpy and 0-d
-    tensor ints accepted)."""
-    if not isinstance(query_emb, torch.Tensor) or query_emb.dim() != 2 or query_emb.shape[1] != dim:
-        shape = tuple(query_emb.shape) if hasattr(query_emb, "shape") else type(query_emb).__name__
-        raise ValueError(f"query_emb must be [num_queries, dim={dim}], got {shape}")
+    """Refuse queries that are not a float tensor [num_queries, dim] and a k outside [1, num_blocks] -> k as an int
+    (numpy and 0-d tensor ints accepted)."""
+    if not isinstance(query_emb, torch.Tensor):
+        raise TypeError(
+            f"query_emb must be a torch.Tensor or numpy array [num_queries, dim={dim}], got {type(query_emb)}"
+        )
+    if query_emb.dim() != 2 or query_emb.shape[1] != dim or not query_emb.is_floating_point():
+        raise ValueError(
+            f"query_emb must be float [num_queries, dim={dim}], got {query_emb.dtype} {tuple(query_emb.shape)}"
+        )
     if isinstance(k, (np.integer, torch.Tensor)) and not isinstance(k, bool):
         k = int(k)  # numpy / 0-d tensor ints from callers
     if not isinstance(k, int) or not 1 <= k <= num_blocks:

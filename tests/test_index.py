@@ -265,6 +265,17 @@ def test_error_wrong_query_dim(indexes):
         indexes["flat"].search(torch.randn(DIM), 5)
 
 
+def test_a_numpy_query_searches_like_its_tensor(indexes):
+    queries = np.random.default_rng(0).standard_normal((3, DIM)).astype(np.float32)
+    for index in (indexes["exact"], indexes["flat"]):
+        assert torch.equal(index.search(queries, 5)[1], index.search(torch.from_numpy(queries), 5)[1])
+
+
+def test_a_query_that_is_no_array_is_refused_with_its_type(indexes):
+    with pytest.raises(TypeError, match="torch.Tensor or numpy array .* got <class 'list'>"):
+        indexes["exact"].search([[0.0] * DIM], 5)
+
+
 def test_error_missing_faiss_index_file(indexes, tmp_path):
     indexes["hnsw"].save_pretrained(tmp_path / "index")
     (tmp_path / "index" / FAISS_INDEX_NAME).unlink()
