@@ -195,6 +195,14 @@ def test_removing_what_is_not_there_is_an_error_naming_it(indexed_corpus, capsys
     assert message in capsys.readouterr().err and read_corpus_config(corpus)["version"] == 0
 
 
+def test_removing_a_title_twice_says_its_blocks_were_removed_already(indexed_corpus, capsys):
+    corpus, _ = indexed_corpus
+    assert main(["corpus", "remove", "--corpus", str(corpus), "--titles", TITLES[0]]) == 0
+    assert main(["corpus", "remove", "--corpus", str(corpus), "--titles", TITLES[0]]) == 2
+    assert f"the blocks of {TITLES[0]!r} in {corpus} were removed already" in capsys.readouterr().err
+    assert read_corpus_config(corpus)["version"] == 1
+
+
 def test_adding_to_an_index_without_an_embedder_snapshot_asks_for_one(tmp_path, capsys):
     model = make_openqa_model(seed=0)  # its index was built in memory: no snapshot
     model.save_pretrained(tmp_path / "model")

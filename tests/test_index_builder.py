@@ -360,3 +360,16 @@ def test_an_index_version_is_readable_by_other_users_under_umask_022(corpus, tmp
     assert version.stat().st_mode & 0o777 == 0o755
     assert modes["block_index"] == 0o755 and modes["block_index/block_emb.safetensors"] == 0o644
     assert set(modes.values()) == {0o755, 0o644}
+
+
+def test_cli_refuses_a_sharded_faiss_index_before_loading_the_embedder(tmp_path, capsys):
+    from openrealm.trainers.cli import main
+
+    empty = tmp_path / "embedder"  # would fail to load: the refusal must come first
+    empty.mkdir()
+    argv = ["index", "build", "--embedder", str(empty), "--corpus", str(tmp_path), "--output", str(tmp_path / "out")]
+    assert main([*argv, "--num-shards", "2", "--index-type", "ivf"]) == 2
+    assert (
+        "--num-shards 2: a sharded index searches exactly: use index type 'exact', not 'ivf'"
+        in capsys.readouterr().err
+    )

@@ -173,6 +173,8 @@ def _ids_to_remove(retriever, folder: str, titles, ids, removed_before: np.ndarr
         found = retriever.block_ids_of_titles(titles, exclude=removed_before)
         missing = sorted(set(titles) - {retriever.block_records.title(i) for i in found})
         if missing:
+            if retriever.block_ids_of_titles(missing[:1], exclude=()):  # its blocks are all among the removed ones
+                raise ValueError(f"the blocks of {missing[0]!r} in {folder} were removed already")
             raise ValueError(f"no block of {folder} has the title {missing[0]!r} (titles are matched exactly)")
         ids = np.union1d(ids, found)
     return np.unique(ids).astype(np.int64)

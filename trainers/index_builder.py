@@ -209,7 +209,8 @@ def embed_blocks(
     autocast = torch.autocast(device.type, dtype=compute_dtype) if compute_dtype != torch.float32 else nullcontext()
     embedder.to(device)
     pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-    bar = tqdm(total=stop - start, unit="block", desc=f"embedding [rank {shard[0]}]", disable=not progress)
+    name = "embedding" if shard[1] == 1 else f"embedding shard {shard[0] + 1}/{shard[1]}"
+    bar = tqdm(total=stop - start, unit="block", desc=name, disable=not progress)
     with _eval_mode(embedder), torch.inference_mode(), autocast:
         for positions, inputs in loader:
             inputs = {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
@@ -652,6 +653,10 @@ def run(args: argparse.Namespace) -> int:
     state = PartialState(cpu=cpu or (world_size > 1 and not torch.cuda.is_available()))
     device = torch.device(args.device) if args.device else state.device
     num_workers = args.num_workers if args.num_workers is not None else (2 if device.type == "cuda" else 0)
+    try:  # before the embedder loads: a refused combination costs nothing
+        _check_num_shards(args.num_shards, state.num_processes, args.index_type, args.layout)
+    except ValueError as error:
+        raise ValueError(f"--num-shards {args.num_shards}: {error}") from None
     embedder = load_embedder(args.embedder)
     name = f"--embedder {args.embedder}"
     max_length = fit_length(embedder, args.max_length or MAX_BLOCK_LENGTH, name, "--max-length", bool(args.max_length))
