@@ -52,12 +52,12 @@ _EXPORTS = {
     "RealmTokenizerFast": ".tokenization",
 }
 
-if TYPE_CHECKING:
-    from .block_records import BlockRecords, convert_legacy_block_records
-    from .configuration_realm import RealmConfig
-    from .convert_realm import convert_legacy_folder
-    from .index_realm import RealmBlockIndex, ShardedBlockIndex
-    from .modeling_realm import (
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports these (names in __all__)
+    from .block_records import BlockRecords, convert_legacy_block_records  # noqa: F401
+    from .configuration_realm import RealmConfig  # noqa: F401
+    from .convert_realm import convert_legacy_folder  # noqa: F401
+    from .index_realm import RealmBlockIndex, ShardedBlockIndex  # noqa: F401
+    from .modeling_realm import (  # noqa: F401
         REALM_MODEL_CLASSES,
         RealmEmbedder,
         RealmEmbedderOutput,
@@ -70,9 +70,9 @@ if TYPE_CHECKING:
         RealmScorer,
         RealmScorerOutput,
     )
-    from .pipeline_realm import RealmQuestionAnsweringPipeline
-    from .retrieval_realm import RealmRetriever
-    from .tokenization import RealmTokenizer, RealmTokenizerFast
+    from .pipeline_realm import RealmQuestionAnsweringPipeline  # noqa: F401
+    from .retrieval_realm import RealmRetriever  # noqa: F401
+    from .tokenization import RealmTokenizer, RealmTokenizerFast  # noqa: F401
 
 
 def __getattr__(name: str):
@@ -142,26 +142,4 @@ def _is_the_command_line() -> bool:
 if not _is_the_command_line():
     register_with_transformers()
 
-__all__ = [
-    "REALM_MODEL_CLASSES",
-    "BlockRecords",
-    "RealmBlockIndex",
-    "ShardedBlockIndex",
-    "RealmConfig",
-    "RealmEmbedder",
-    "RealmEmbedderOutput",
-    "RealmForOpenQA",
-    "RealmForOpenQAOutput",
-    "RealmKnowledgeAugEncoder",
-    "RealmPreTrainedModel",
-    "RealmQuestionAnsweringPipeline",
-    "RealmReader",
-    "RealmReaderOutput",
-    "RealmRetriever",
-    "RealmScorer",
-    "RealmScorerOutput",
-    "RealmTokenizer",
-    "RealmTokenizerFast",
-    "convert_legacy_block_records",
-    "convert_legacy_folder",
-]
+__all__ = sorted(_EXPORTS)

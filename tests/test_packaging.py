@@ -241,3 +241,17 @@ def test_wheel_installed_to_target_registers_realm_with_auto_config_and_auto_tok
     assert report["auto_tokenizer"][0] == "RealmTokenizer"
     for _, source_file in (report["realm_config_class"], report["auto_config"][:2], report["auto_tokenizer"]):
         assert Path(source_file).resolve().is_relative_to(target), source_file
+
+
+def test_the_package_root_exports_each_name_lazily_and_declares_it_for_type_checkers():
+    import ast
+
+    import openrealm
+
+    source = (REPO / "modeling_realm" / "__init__.py").read_text()
+    (block,) = [
+        node for node in ast.parse(source).body if ast.unparse(getattr(node, "test", ast.Pass())) == "TYPE_CHECKING"
+    ]
+    declared = {(f".{node.module}", alias.name) for node in block.body for alias in node.names}
+    assert declared == {(module, name) for name, module in openrealm._EXPORTS.items()}
+    assert all(getattr(openrealm, name) is not None for name in openrealm.__all__)
