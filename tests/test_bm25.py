@@ -65,3 +65,17 @@ def test_bm25_finds_the_facts_of_the_synthetic_world():
     found = [any(q["answers"][0] in texts[i] for i in row) for q, row in zip(questions, block_ids.tolist())]
     # The subject's name is rare, so an article stating the fact comes first (measured: all 200 questions).
     assert sum(found) / len(found) >= 0.95
+
+
+@pytest.mark.parametrize(("user_setting", "expected"), [(None, "false"), ("true", "true")])
+def test_importing_bm25_keeps_jax_from_preallocating_gpu_memory_unless_the_user_chose(user_setting, expected):
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    if user_setting is not None:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = user_setting
+    code = "import os, openrealm.trainers.bm25; print(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == expected
