@@ -1,4 +1,4 @@
-"""How long `openrealm --help` and a job's `--help` take to start (issue 18 §3: under 1 s on 2 cores).
+"""How long `openrealm --help` and every job's `--help` take to start (issue 18 §3: under 1 s on 2 cores).
 
     .venv/bin/python benchmarks/bench_cli_startup.py [--repeats 7] [--baseline d7cf237]
 
@@ -41,13 +41,17 @@ def main() -> None:
     baseline.write(subprocess.run(["git", "-C", REPO, "show", f"{args.baseline}:trainers/cli.py"],
                                   check=True, capture_output=True, text=True).stdout)  # fmt: skip
     baseline.close()
+    from openrealm.trainers.cli import JOBS
+
     commands = {
         "python -c pass": [python, "-c", "pass"],
         "python -c 'import torch'": [python, "-c", "import torch"],
         "python -c 'import openrealm'": [python, "-c", "import openrealm"],
         "openrealm --help": [python, "-m", "openrealm", "--help"],
-        "openrealm corpus build --help": [python, "-m", "openrealm", "corpus", "build", "--help"],
-        "openrealm train pretrain --help": [python, "-m", "openrealm", "train", "pretrain", "--help"],
+        **{
+            f"openrealm {' '.join(job)} --help": [python, "-m", "openrealm", *job, "--help"]
+            for job in ([group] if command is None else [group, command] for group, command in JOBS)
+        },
         f"openrealm --help at {args.baseline}": [python, baseline.name, "--help"],
     }
     import torch

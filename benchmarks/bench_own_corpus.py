@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from bench_real_data import Job, minilm_path, run_jobs
+from bench_real_data import Job, minilm_path, run_jobs, run_record
 
 QUERY_SEED = 1000
 NUM_QUERIES = 256
@@ -100,18 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         per_seed[seed] = {"ict": ict, "realm": realm, "gain": realm["recall@8"] - ict["recall@8"],
                           "minutes": round((timings[f"s{seed}-ict"] + timings[f"s{seed}-pretrain"]) / 60, 1)}  # fmt: skip
     gains = [row["gain"] for row in per_seed.values()]
-    import transformers
-
     report = {
-        "settings": vars(args),
-        "machine": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "date": time.strftime("%Y-%m-%d"),
-        "jobs": state,
-        "timings_s": timings,
-        "total_s": round(time.perf_counter() - started, 1),
+        **run_record(args, state, timings, started),
         "per_seed": per_seed,
         "gain": {
             "mean": statistics.fmean(gains) if gains else None,

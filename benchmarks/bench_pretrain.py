@@ -51,6 +51,7 @@ from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import pretrain
 from openrealm.trainers.ict import parse_config_overrides
+from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.refresh import clone_tensors
 from openrealm.trainers.synthetic_world import generate_world
 from openrealm.trainers.towers import load_embedder, load_encoder
@@ -130,7 +131,7 @@ def train(
     """One run; returns its step times, swaps, the callback's time per hook and the attention implementation.
     `counter`, if given, counts the FLOPs of the training loop (not of the initial index build before it)."""
     parser = argparse.ArgumentParser()
-    pretrain.add_arguments(parser)
+    train_pretrain(parser)
     argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
     argv += [
         "--max-steps",

@@ -266,6 +266,24 @@ def print_table(summary: dict) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def run_record(args: argparse.Namespace, state: dict, timings: dict, started: float) -> dict:
+    """What a results.json records of the run: settings, machine, versions, date, each job's state and time."""
+    import torch
+    import transformers
+
+    return {
+        "settings": {key: value for key, value in vars(args).items() if value is not None},
+        "machine": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "date": time.strftime("%Y-%m-%d"),
+        "jobs": state,
+        "timings_s": timings,
+        "total_s": round(time.perf_counter() - started, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default="/tmp/openrealm-real-data")
@@ -315,20 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== corpus: {' '.join(command)}", flush=True)
         subprocess.run(command, check=True)
     state = run_jobs(plan(args, files, corpus, output), output, args.parallel, timings)
-    import transformers
-
-    report = {
-        "settings": {key: value for key, value in vars(args).items() if value is not None},
-        "machine": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "date": time.strftime("%Y-%m-%d"),
-        "jobs": state,
-        "timings_s": timings,
-        "total_s": round(time.perf_counter() - started, 1),
-        **summarise(args, output),
-    }
+    report = {**run_record(args, state, timings, started), **summarise(args, output)}
     (output / "results.json").write_text(json.dumps(report, indent=2))
     print_table(report["summary"])
     print("Note: all-MiniLM-L6-v2's contrastive training data includes NQ questions; SQuAD's are the cleaner measure.")

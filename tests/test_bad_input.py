@@ -14,6 +14,7 @@ from conftest import fixture_folder, make_openqa_model
 from openrealm import RealmTokenizer
 from openrealm.tokenization import corpus
 from openrealm.tokenization.corpus import JsonlError, build_corpus, iter_jsonl, load_corpus
+from openrealm.trainers import options
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
 from openrealm.trainers.openqa import read_gold_passages
@@ -138,7 +139,7 @@ def test_corpus_input_of_only_blank_lines_is_refused(tmp_path, tokenizer):
 
 def corpus_cli(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    corpus.add_arguments(parser)
+    options.corpus_build(parser)
     return parser.parse_args([*argv, "--spans", "none"])
 
 

@@ -13,13 +13,13 @@ from datasets import Dataset
 
 from openrealm import BlockRecords, RealmRetriever, RealmTokenizer
 from openrealm.tokenization.corpus import (
-    add_arguments,
     batch_retriever_inputs,
     block_retriever_inputs,
     build_corpus,
     load_corpus,
     run,
 )
+from openrealm.trainers.options import corpus_build
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = (
@@ -329,7 +329,7 @@ def test_batch_retriever_inputs_pads_to_the_longest_block(tokenizer):
 
 def cli_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    corpus_build(parser)
     return parser.parse_args(argv)
 
 

@@ -360,7 +360,9 @@ def test_train_ict_saves_a_loadable_embedder_and_resumes(world_corpus, tmp_path,
     assert summary["retrieval"]["num_queries"] == 20 and summary["retrieval"]["num_blocks"] == len(
         load_corpus(world_corpus)
     )
-    assert "eval_accuracy" in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()[-1]
+    assert printed.startswith(f"ICT: saved the RealmEmbedder to {output} (train loss ")
+    assert "in-batch accuracy " in printed and "recall@5 of the query's block " in printed
     assert pushed == [("model", "me/ict"), ("tokenizer", "me/ict")]
 
     capsys.readouterr()

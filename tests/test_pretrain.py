@@ -21,6 +21,7 @@ from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import pretrain, towers
 from openrealm.trainers.index_builder import build_index, list_versions
+from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretraining import RealmPretrainingExamples
 from openrealm.trainers.refresh import (
     SNAPSHOTS_DIR,
@@ -369,7 +370,7 @@ class StepRecorder(TrainerCallback):
 
 def test_extra_callbacks_passed_to_run_see_every_step(corpus, tmp_path):
     parser = argparse.ArgumentParser()
-    pretrain.add_arguments(parser)
+    train_pretrain(parser)
     argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(tmp_path / "out")]
     argv += ["--max-steps", "3", "--refresh-every", "2", "--refresh-mode", "off", "--batch-size", "2"]
     argv += ["--config-overrides", TINY, "--no-progress", "--index-batch-size", "32"]
@@ -381,7 +382,7 @@ def test_extra_callbacks_passed_to_run_see_every_step(corpus, tmp_path):
 
 def test_embedder_learning_rate_gives_the_retriever_its_own_optimizer_groups(corpus, tmp_path):
     parser = argparse.ArgumentParser()
-    pretrain.add_arguments(parser)
+    train_pretrain(parser)
     args = parser.parse_args(
         ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(tmp_path / "out"),
          "--max-steps", "2", "--refresh-every", "10", "--refresh-mode", "off", "--learning-rate", "1e-3",

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import ict, pretrain, towers
+from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretrain_eval import (
     PretrainingEvalCallback,
     curves,
@@ -105,7 +106,7 @@ def test_a_random_encoder_gets_no_retrieval_utility(tokenizer, blocks, queries):
 
 def test_eval_callback_logs_utility_and_recall_every_n_steps(corpus, tokenizer, blocks, queries, tmp_path):
     parser = argparse.ArgumentParser()
-    pretrain.add_arguments(parser)
+    train_pretrain(parser)
     args = parser.parse_args(
         ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(tmp_path / "out")]
         + ["--max-steps", "4", "--refresh-every", "2", "--refresh-mode", "sync", "--batch-size", "4"]

@@ -24,6 +24,7 @@ body still gets a budget of 1 wordpiece; sentences without wordpieces are droppe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import errno
 import hashlib
@@ -541,6 +542,7 @@ def build_corpus(
     page_filter: bool = True,
     html_unescape: bool = True,
     language: str = "en",
+    progress: bool | None = None,
 ):
     """Build the knowledge corpus folder `output_dir` from articles; returns its blocks (`load_corpus(output_dir)`).
 
@@ -555,6 +557,7 @@ def build_corpus(
         when num_proc > 1. Spans are stored as offsets in the block text; spans not inside their sentence are dropped.
         An annotator with `annotate_batch(sentences)` gets whole batches of sentences. None: no spans.
     batch_size: articles per `map` batch.
+    progress: show the packing bar (True) or not (False) whatever datasets' progress-bar setting; None follows it.
     overwrite: replace an existing corpus at output_dir (only once the new one is complete). Refused when that would
         delete anything a build did not write: a folder that is not a corpus (unless empty), a corpus folder holding
         other files, or an input file inside output_dir.
@@ -576,7 +579,9 @@ def build_corpus(
             # datasets' cache files: inside the staging folder, removed below
             scratch = os.path.join(staging, ".scratch")
             articles, builder.source_name = load_articles(source, scratch)
-            blocks = pack_articles(articles, builder, scratch, num_proc=num_proc, batch_size=batch_size)
+            blocks = pack_articles(
+                articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
+            )
             num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
             # Block ids are row numbers, known only once every process has packed its share.
             blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
@@ -619,29 +624,52 @@ def build_corpus(
     return load_corpus(output_dir)
 
 
+@contextlib.contextmanager
+def datasets_progress_bars(enabled: bool | None) -> Iterator[None]:
+    """Show (True) or hide (False) datasets' progress bars inside the block, then restore the setting; None: as set."""
+    import datasets
+
+    before = datasets.is_progress_bar_enabled()
+    if enabled is not None and enabled != before:
+        (datasets.enable_progress_bars if enabled else datasets.disable_progress_bars)()
+    try:
+        yield
+    finally:
+        if datasets.is_progress_bar_enabled() != before:
+            (datasets.enable_progress_bars if before else datasets.disable_progress_bars)()
+
+
 def pack_articles(
-    articles, builder: BlockBuilder, scratch: str, num_proc: int = 1, batch_size: int = 256, first_id: int = 0
+    articles,
+    builder: BlockBuilder,
+    scratch: str,
+    num_proc: int = 1,
+    batch_size: int = 256,
+    first_id: int = 0,
+    progress: bool | None = None,
 ):
     """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> their blocks (all COLUMNS but
-    block_id), in article order; datasets' cache files go to `scratch`. Refuses input that makes no block."""
+    block_id), in article order; datasets' cache files go to `scratch`. Refuses input that makes no block. progress:
+    show the "Packing articles into blocks" bar or not, whatever datasets' setting (None: follow it)."""
     from datasets import Value
 
     features = block_features()
     del features["block_id"]
-    blocks = articles.map(
-        builder,
-        batched=True,
-        batch_size=batch_size,
-        with_indices=True,
-        input_columns=["title", "text"],
-        remove_columns=articles.column_names,
-        features=features,
-        num_proc=num_proc if num_proc > 1 else None,
-        cache_file_name=os.path.join(scratch, "blocks.arrow"),
-        load_from_cache_file=False,
-        new_fingerprint=uuid.uuid4().hex,  # hashing the tokenizer for a fingerprint is slow and useless here
-        desc="Packing articles into blocks",
-    )
+    with datasets_progress_bars(progress):
+        blocks = articles.map(
+            builder,
+            batched=True,
+            batch_size=batch_size,
+            with_indices=True,
+            input_columns=["title", "text"],
+            remove_columns=articles.column_names,
+            features=features,
+            num_proc=num_proc if num_proc > 1 else None,
+            cache_file_name=os.path.join(scratch, "blocks.arrow"),
+            load_from_cache_file=False,
+            new_fingerprint=uuid.uuid4().hex,  # hashing the tokenizer for a fingerprint is slow and useless here
+            desc="Packing articles into blocks",
+        )
     if len(blocks) == 0:
         raise ValueError(f"{builder.source_name} produced no blocks (no article with text passed the page filter)")
     if first_id:
@@ -808,30 +836,6 @@ def batch_retriever_inputs(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `openrealm corpus build`."""
-    parser.add_argument("--input", required=True, nargs="+", help="JSONL file(s), one {title, text} per line")
-    parser.add_argument("--output", required=True, help="corpus folder to write (must not exist unless --overwrite)")
-    parser.add_argument(
-        "--tokenizer",
-        required=True,
-        help="tokenizer name or path for AutoTokenizer, e.g. bert-base-uncased or a REALM checkpoint folder",
-    )
-    parser.add_argument("--max-block-length", type=int, default=MAX_BLOCK_LENGTH, help="wordpieces per block (288)")
-    parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
-    parser.add_argument("--batch-size", type=int, default=256, help="articles per batch")
-    parser.add_argument(
-        "--spans",
-        default="regex",
-        help="salient spans: regex (dates, the default), spacy[:MODEL] (NER + dates), a token-classification model "
-        "(NER + dates), or none (no spans: `train pretrain` then needs --spans random_token or random_span)",
-    )
-    parser.add_argument(
-        "--no-page-filter", action="store_true", help="keep List of/Index of/Outline of/disambiguation pages"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing corpus at --output")
-
-
 def run(args: argparse.Namespace) -> int:
     """`openrealm corpus build`: build the corpus and print a summary."""
     span_annotator = None
@@ -850,6 +854,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             overwrite=args.overwrite,
             page_filter=not args.no_page_filter,
+            progress=not args.quiet,
         )
     except (OSError, ValueError) as error:  # bad input or output: a message, not a traceback
         print(f"openrealm corpus build: {error}", file=sys.stderr)
@@ -866,7 +871,6 @@ __all__ = [
     "CORPUS_FORMAT",
     "CORPUS_FORMAT_VERSION",
     "JsonlError",
-    "add_arguments",
     "annotator_names",
     "batch_retriever_inputs",
     "block_features",

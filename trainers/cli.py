@@ -20,6 +20,7 @@ OPENREALM_DEBUG=1 to get the traceback instead. Any other error keeps its traceb
 """
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -27,37 +28,64 @@ import sys
 
 EXIT_STATUS = "exit status: 0 done; 1 failed (e.g. weights missing, a model not found); 2 bad arguments or input"
 
-# (group, command) -> (module providing add_arguments/run, help). Modules are imported only to build the parser.
+# (group, command) -> (module whose run(args) does the job, help, the function of openrealm.trainers.options that adds
+# the job's options; None: the module's own add_arguments, for modules that import nothing heavy).
 JOBS = {
     ("quickstart", None): (
         "openrealm.trainers.quickstart",
         "the whole REALM lifecycle on a generated world of fictional entities (about 8 min on 2 CPU cores)",
+        None,
     ),
-    ("world", None): ("openrealm.trainers.synthetic_world", "generate the synthetic world of fictional entities"),
-    ("corpus", "build"): ("openrealm.tokenization.corpus", "build a knowledge corpus of blocks from JSONL articles"),
-    ("corpus", "add"): ("openrealm.trainers.corpus_edit", "add articles to a corpus and its index (a new version)"),
-    ("corpus", "remove"): ("openrealm.trainers.corpus_edit", "remove blocks by title or id (never retrieved again)"),
+    ("world", None): (
+        "openrealm.trainers.synthetic_world",
+        "generate the synthetic world of fictional entities",
+        None,
+    ),
+    ("corpus", "build"): (
+        "openrealm.tokenization.corpus",
+        "build a knowledge corpus of blocks from JSONL articles",
+        "corpus_build",
+    ),
+    ("corpus", "add"): (
+        "openrealm.trainers.corpus_edit",
+        "add articles to a corpus and its index (a new version)",
+        "corpus_add",
+    ),
+    ("corpus", "remove"): (
+        "openrealm.trainers.corpus_edit",
+        "remove blocks by title or id (never retrieved again)",
+        "corpus_remove",
+    ),
     ("corpus", "update"): (
         "openrealm.trainers.corpus_edit",
         "replace the blocks of articles with new versions of them",
+        "corpus_update",
     ),
-    ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)"),
+    ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)", "train_ict"),
     ("train", "pretrain"): (
         "openrealm.trainers.pretrain",
         "REALM pre-training with an index refreshed while it trains (1 CPU or N GPUs)",
+        "train_pretrain",
     ),
     ("train", "openqa"): (
         "openrealm.trainers.openqa",
         "open-QA fine-tuning of RealmForOpenQA (ORQA losses, REALM++ options)",
+        "train_openqa",
     ),
-    ("index", "build"): ("openrealm.trainers.index_builder", "embed every block of a corpus and write a MIPS index"),
+    ("index", "build"): (
+        "openrealm.trainers.index_builder",
+        "embed every block of a corpus and write a MIPS index",
+        "index_build",
+    ),
     ("evaluate", None): (
         "openrealm.trainers.evaluation",
         "evaluate an open-QA model: exact match, recall@k, reader-oracle (results JSON)",
+        "evaluate",
     ),
     ("push", None): (
         "openrealm.trainers.push",
         "upload an open-QA model folder to the Hub with a model card holding its evaluation results",
+        "push",
     ),
 }
 
@@ -73,12 +101,17 @@ def selected_job(argv: list[str]) -> tuple[str, str | None] | None:
     return None
 
 
+def run_job(module_name: str, args: argparse.Namespace) -> int:
+    """Import the job's module (torch, transformers, datasets: seconds) only now that the arguments parsed."""
+    return importlib.import_module(module_name).run(args)
+
+
 def add_jobs(commands, selected: tuple[str, str | None] | None) -> None:
     """One sub-command per job; grouped jobs (`corpus build`, `train ict`, ...) share their group's parser. Only the
-    selected job's module is imported, to add its options: `openrealm --help` or another command imports no job
-    module (each pulls in torch, transformers, datasets: seconds)."""
+    selected job gets its options, from `openrealm.trainers.options` (no torch, transformers or datasets): neither
+    `openrealm --help` nor `openrealm JOB --help` imports a job module."""
     groups = {}
-    for (group, command), (module_name, help_text) in JOBS.items():
+    for (group, command), (module_name, help_text, options) in JOBS.items():
         if command is None:
             parser = commands.add_parser(group, help=help_text, description=help_text)
         else:
@@ -89,12 +122,11 @@ def add_jobs(commands, selected: tuple[str, str | None] | None) -> None:
             parser = groups[group].add_parser(command, help=help_text, description=help_text)
         if (group, command) != selected:
             continue
-        module = importlib.import_module(module_name)
-        if command in getattr(module, "COMMANDS", ()):  # one module serving several commands of a group
-            module.add_arguments(parser, command)
+        if options is None:
+            importlib.import_module(module_name).add_arguments(parser)
         else:
-            module.add_arguments(parser)
-        parser.set_defaults(handler=module.run)
+            getattr(importlib.import_module("openrealm.trainers.options"), options)(parser)
+        parser.set_defaults(handler=functools.partial(run_job, module_name))
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -187,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; see the module docstring for the exit status."""
     args = build_parser(argv).parse_args(argv)
     import openrealm
+    from openrealm.trainers import output
+
+    output.configure(args)  # --quiet / --verbose: the libraries' logs and progress bars
 
     openrealm.register_with_transformers()  # deferred by the package root for this command line (fast --help)
     from openrealm.modeling_realm import MissingWeightsError

@@ -237,32 +237,6 @@ def _write_corpus_files(folder, staging, config, new_blocks, num_input, removed,
 # Command line
 # ---------------------------------------------------------------------------------------------------------------------
 
-COMMANDS = ("add", "remove", "update")
-
-
-def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    """Arguments of `openrealm corpus add | remove | update`."""
-    parser.add_argument("--corpus", required=True, help="corpus folder (corpus build) or retriever/model folder")
-    if command in ("add", "update"):
-        parser.add_argument("--input", required=True, nargs="+", help="JSONL file(s), one {title, text} per line")
-        parser.add_argument(
-            "--embedder",
-            default=None,
-            help="only for an index without an embedder snapshot: the checkpoint that embedded its blocks",
-        )
-        parser.add_argument(
-            "--spans",
-            default="regex",
-            help="salient spans of the new blocks, as corpus build's --spans (corpus folders)",
-        )
-        parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass")
-        parser.add_argument("--device", default=None, help="where to embed (default cuda if available, else cpu)")
-        parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    if command == "remove":
-        which = parser.add_mutually_exclusive_group(required=True)
-        which.add_argument("--titles", nargs="+", help="remove every block of these article titles (exact match)")
-        which.add_argument("--ids", nargs="+", type=int, help="remove these block ids")
-
 
 def run(args: argparse.Namespace) -> int:
     """`openrealm corpus add | remove | update`: write the next version and print what changed."""

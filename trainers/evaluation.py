@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 from openrealm.tokenization.corpus import iter_jsonl, json_type
+from openrealm.trainers.options import DEFAULT_RECALL_KS
+from openrealm.trainers.options import evaluate as evaluate_options
 from openrealm.trainers.towers import check_model_folder
 
 METRIC_SCRIPT = Path(__file__).parent / "metrics" / "realm_open_qa" / "realm_open_qa.py"
-DEFAULT_RECALL_KS = (1, 5, 10, 20)
 # Splits tried, in order, when a Hub dataset is named without one: evaluation splits first.
 EVALUATION_SPLITS = ("test", "validation", "dev", "train")
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -410,17 +411,6 @@ def read_results(path: str | os.PathLike) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    """argparse type of a count that must be at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (at least 1), got {value}")
-    return value
-
-
 def check_output(output: str, dataset: str, split: str | None) -> None:
     """Refuse a results path that is the dataset file itself (after resolving the paths) or an existing folder."""
     target = Path(output).expanduser()
@@ -429,32 +419,6 @@ def check_output(output: str, dataset: str, split: str | None) -> None:
     local = _local_file(str(dataset), split)
     if local is not None and target.resolve() == local.resolve():
         raise ValueError(f"--output {output} is the dataset file {local}; writing the results would replace it")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `openrealm evaluate`."""
-    parser.add_argument("--model", required=True, help="RealmForOpenQA folder or Hub repo id (with corpus and index)")
-    parser.add_argument("--dataset", required=True, help="QA JSONL file, folder of SPLIT.jsonl, or Hub dataset name")
-    parser.add_argument("--output", required=True, help="results JSON to write (metrics and predictions)")
-    parser.add_argument("--split", default=None, help="split of a folder or Hub dataset (default: test/validation)")
-    parser.add_argument("--dataset-name", default=None, help="name in the results and model card (default: derived)")
-    parser.add_argument(
-        "--num-blocks", type=positive_int, default=None, help="blocks read per question (default: config)"
-    )
-    parser.add_argument("--limit", type=positive_int, default=None, help="evaluate only the first N questions")
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="questions per forward pass (default 8)")
-    parser.add_argument(
-        "--recall-k",
-        type=positive_int,
-        nargs="+",
-        default=list(DEFAULT_RECALL_KS),
-        help="k of recall@k (default 1 5 10 20); a k beyond the corpus size is recall over the whole corpus (noted)",
-    )
-    parser.add_argument(
-        "--retrieval", choices=("dense", "bm25"), default="dense", help="blocks from the model's index or from BM25"
-    )
-    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -483,7 +447,7 @@ def run(args: argparse.Namespace) -> int:
         num_blocks=args.num_blocks,
         recall_ks=args.recall_k,
         block_searcher=searcher,
-        progress=not args.no_progress,
+        progress=not args.quiet,
     )
     dataset_name, split = dataset_identity(args.dataset, args.split)
     results = {
@@ -504,7 +468,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="openrealm evaluate", description=__doc__.split("\n")[0])
-    add_arguments(parser)
+    evaluate_options(parser)
     return run(parser.parse_args(argv))
 
 

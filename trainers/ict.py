@@ -34,14 +34,13 @@ from transformers.utils import ModelOutput
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.index_builder import embed_blocks, leave_process_group
+from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE, train_ict
+from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.towers import check_tokenizer, fit_length, load_embedder, save_tower
 
 # Google's ORQA ICT defaults (orqa/experiments/ict_experiment.py, orqa/datasets/ict_dataset.py).
 QUERY_SEQ_LEN = 64
 BLOCK_SEQ_LEN = 288
-MASK_RATE = 0.9
-LEARNING_RATE = 1e-4
-EMBEDDING_DROPOUT = 0.1
 CORPUS_COLUMNS = ("title_ids", "token_ids", "sentence_starts")
 LABEL_NAMES = ["sentence_removed", "example_mask"]  # what Trainer hands compute_ict_metrics as label_ids
 
@@ -487,7 +486,7 @@ def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, 
         bf16=args.bf16,
         **{checkpointing: args.gradient_checkpointing},
         report_to=args.report_to,
-        disable_tqdm=args.no_progress,
+        disable_tqdm=args.quiet,
     )
     world = training_args.world_size
     if len(blocks) < args.batch_size * world:
@@ -502,7 +501,7 @@ def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, 
     if args.eval_steps:
         eval_blocks = fixed_eval_examples(blocks, args.eval_blocks, args.mask_rate, args.seed)
     model = IctModel(embedder.config, embedder, embedding_dropout=args.embedding_dropout)
-    return Trainer(
+    trainer = Trainer(
         model=model,
         args=training_args,
         train_dataset=blocks,
@@ -511,100 +510,22 @@ def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, 
         compute_metrics=compute_ict_metrics,
         preprocess_logits_for_metrics=keep_correct,
     )
+    return quiet_trainer_logs(trainer, verbose=getattr(args, "verbose", False))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `openrealm train ict`."""
-    parser.add_argument("--corpus", required=True, help="knowledge-corpus folder (openrealm corpus build)")
-    parser.add_argument(
-        "--init",
-        required=True,
-        help="RealmEmbedder folder or Hub id, any BERT checkpoint (e.g. "
-        "sentence-transformers/all-MiniLM-L6-v2), or 'random' (sized by --config-overrides)",
-    )
-    parser.add_argument(
-        "--output",
-        required=True,
-        help="folder for the trained RealmEmbedder + tokenizer (checkpoints go in OUTPUT/checkpoint-*)",
-    )
-    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (Google: 100000 at batch 4096)")
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=64,
-        help="examples per process; the negatives are the global batch (Google: 4096) (default 64)",
-    )
-    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="peak AdamW lr (default 1e-4)")
-    parser.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=None,
-        help="linear warm-up steps (default Google's min(10000, max(100, max_steps / 10)))",
-    )
-    parser.add_argument(
-        "--query-seq-len", type=int, default=None, help="query wordpieces (default 64, or what the model reads)"
-    )
-    parser.add_argument(
-        "--block-seq-len", type=int, default=None, help="block wordpieces (default 288, or what the model reads)"
-    )
-    parser.add_argument(
-        "--mask-rate",
-        type=float,
-        default=MASK_RATE,
-        help="probability of removing the query sentence from its block (default 0.9)",
-    )
-    parser.add_argument(
-        "--embedding-dropout",
-        type=float,
-        default=EMBEDDING_DROPOUT,
-        help="dropout on the projected embedding while training (default 0.1, as Google)",
-    )
-    parser.add_argument(
-        "--config-overrides",
-        default=None,
-        help="RealmConfig fields as k=v,k=v (e.g. hidden_size=64,num_hidden_layers=2,"
-        "num_attention_heads=4,intermediate_size=256,retriever_proj_size=32 for --init random)",
-    )
-    parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus folder's)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and examples (default 0)")
-    parser.add_argument("--logging-steps", type=int, default=50, help="log the loss every N steps (default 50)")
-    parser.add_argument(
-        "--save-steps", type=int, default=1000, help="checkpoint every N steps, 0 = never (default 1000)"
-    )
-    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
-    parser.add_argument("--overwrite", action="store_true", help="train into a non-empty OUTPUT (old checkpoints go)")
-    parser.add_argument(
-        "--resume-from-checkpoint",
-        nargs="?",
-        const="last",
-        default=None,
-        help="resume from OUTPUT's last checkpoint, or from the checkpoint folder given",
-    )
-    parser.add_argument(
-        "--eval-steps",
-        type=int,
-        default=0,
-        help="in-batch accuracy on --eval-blocks blocks every N steps, 0 = never (default 0)",
-    )
-    parser.add_argument("--eval-blocks", type=int, default=1000, help="blocks in the in-batch evaluation set")
-    parser.add_argument(
-        "--eval-queries",
-        type=int,
-        default=0,
-        help="after training, recall@5 of a sentence's own block over the whole corpus with this many "
-        "queries (embeds every block; default 0 = skip)",
-    )
-    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)")
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
-    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations to save memory")
-    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument(
-        "--push-to-hub",
-        default=None,
-        metavar="REPO_ID",
-        help="upload the trained embedder and tokenizer to this Hub repository",
-    )
+def summary_line(trainer, summary: dict) -> str:
+    """The end of ICT's one summary line: train loss, the last in-batch accuracy, recall@5 of the query's block."""
+    parts = [f"train loss {summary['train_loss']:.4f}"]
+    evaluations = [log["eval_accuracy"] for log in trainer.state.log_history if "eval_accuracy" in log]
+    if evaluations:
+        parts.append(f"in-batch accuracy {evaluations[-1]:.3f}")
+    if "retrieval" in summary:
+        retrieval = summary["retrieval"]
+        parts.append(
+            f"recall@{retrieval['k']} of the query's block {retrieval['recall_sentence_removed']:.3f} with its "
+            f"sentence removed, {retrieval['recall_sentence_kept']:.3f} kept"
+        )
+    return ", ".join(parts)
 
 
 def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool) -> None:
@@ -672,9 +593,8 @@ def run(args: argparse.Namespace) -> int:
                 query_seq_len=args.query_seq_len,
                 block_seq_len=args.block_seq_len,
             )
-            print(json.dumps({"retrieval": summary["retrieval"]}))
         save_tower(embedder, args.output, tokenizer, {"ict_training.json": json.dumps(summary, indent=2) + "\n"})
-        print(f"ICT: saved the RealmEmbedder to {args.output} (train loss {result.training_loss:.4f})")
+        print(f"ICT: saved the RealmEmbedder to {args.output} ({summary_line(trainer, summary)})")
         if args.push_to_hub:
             embedder.push_to_hub(args.push_to_hub)
             tokenizer.push_to_hub(args.push_to_hub)
@@ -684,7 +604,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="openrealm train ict", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
+    train_ict(parser)
     return run(parser.parse_args(argv))
 
 

@@ -50,7 +50,6 @@ import torch
 from openrealm import RealmBlockIndex, ShardedBlockIndex
 from openrealm.file_utils import atomic_directory
 from openrealm.index_realm import (
-    INDEX_TYPES,
     resolve_index_params,
     save_block_emb_shard,
     shard_file_name,
@@ -62,16 +61,16 @@ from openrealm.tokenization.corpus import (
     read_corpus_config,
     read_removed_block_ids,
 )
+from openrealm.trainers.options import DTYPE_NAMES, MAX_BLOCK_LENGTH, index_build
 from openrealm.trainers.towers import check_corpus_ids, fit_length, load_embedder
 
 if TYPE_CHECKING:
     from accelerate import PartialState
 
-MAX_BLOCK_LENGTH = 288
 INDEX_SUBDIR = "block_index"
 BUILD_INFO_NAME = "build_info.json"
 VERSION_PATTERN = re.compile(r"^v(\d{6,})$")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 GATHER_CHUNK_ROWS = 2**18  # rows all-gathered at a time: peak extra memory world_size * 2^18 * dim floats
 
 
@@ -566,60 +565,6 @@ def _build_info(index_type, version, num_blocks, dim, corpus_dir, blocks, embedd
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _index_param(text: str) -> tuple[str, int]:
-    name, sep, value = text.partition("=")
-    if not sep or not value.lstrip("-").isdigit():
-        raise argparse.ArgumentTypeError(f"expected NAME=INT (e.g. nlist=4096), got {text!r}")
-    return name, int(value)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `openrealm index build`."""
-    parser.add_argument("--embedder", required=True, help="REALM or BERT checkpoint: local folder or Hub repo id")
-    parser.add_argument("--corpus", required=True, help="knowledge corpus folder (`openrealm corpus build`)")
-    parser.add_argument("--output", required=True, help="index root: writes OUTPUT/vNNNNNN/ (see --layout)")
-    parser.add_argument("--index-type", default="exact", choices=INDEX_TYPES, help="MIPS index (default exact)")
-    parser.add_argument(
-        "--index-param",
-        action="append",
-        default=[],
-        type=_index_param,
-        metavar="NAME=INT",
-        help="index parameter, repeatable (e.g. nlist=4096, nprobe=32, m=32, ef_search=64, pq_m=32)",
-    )
-    parser.add_argument("--version", type=int, default=None, help="index version (default: previous + 1, or 0)")
-    parser.add_argument(
-        "--layout",
-        choices=("versioned", "plain"),
-        default="versioned",
-        help="versioned: OUTPUT/vNNNNNN/{block_index,build_info.json}; plain: OUTPUT is the index folder itself",
-    )
-    parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
-    parser.add_argument(
-        "--num-shards",
-        type=int,
-        default=1,
-        help="write an exact index as N files, one per process of a `train pretrain --shard-index` run (default 1)",
-    )
-    parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass, per process")
-    parser.add_argument(
-        "--max-length", type=int, default=None, help="wordpieces per block (default 288, or what the embedder reads)"
-    )
-    parser.add_argument(
-        "--dtype", choices=("auto", *DTYPES), default="auto", help="autocast dtype (auto: bf16 on CUDA, fp32 on CPU)"
-    )
-    parser.add_argument("--device", default=None, help="default: the process's accelerate device")
-    parser.add_argument("--num-workers", type=int, default=None, help="input workers (default 2 on CUDA, 0 on CPU)")
-    parser.add_argument("--no-sort", action="store_true", help="batch in block order instead of by length")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--parent-pid",
-        type=int,
-        default=None,
-        help="exit, writing nothing, as soon as this process (the one that started the build) is gone (async refresh)",
-    )
-
-
 def exit_with_parent(parent: int, poll_seconds: float = PARENT_POLL_SECONDS) -> threading.Thread:
     """Exit this process (code 3, nothing more written) once `parent`, the pid of the process that started it, is gone.
 
@@ -690,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="openrealm index build", description="Embed every block of a knowledge corpus and write a MIPS index."
     )
-    add_arguments(parser)
+    index_build(parser)
     return run(parser.parse_args(argv))
 
 

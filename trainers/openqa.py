@@ -44,6 +44,14 @@ from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetri
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
 from openrealm.trainers.ict import google_warmup_steps
+from openrealm.trainers.options import (
+    EVAL_READER_BEAM_SIZE,
+    MIN_PASSAGE_OVERLAP,
+    READER_BEAM_SIZE,
+    SEARCHER_BEAM_SIZE,
+)
+from openrealm.trainers.options import OPENQA_LEARNING_RATE as LEARNING_RATE
+from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.towers import (
     check_corpus_ids,
     check_same_architecture,
@@ -52,11 +60,6 @@ from openrealm.trainers.towers import (
     load_encoder,
 )
 
-SEARCHER_BEAM_SIZE = 5000  # ORQA: blocks scored by the retriever loss
-READER_BEAM_SIZE = 5  # ORQA: blocks read in training
-EVAL_READER_BEAM_SIZE = 100  # REALM++: blocks read at inference
-LEARNING_RATE = 1e-5
-MIN_PASSAGE_OVERLAP = 0.5  # REALM++: a retrieved block with >= 50% of the gold passage's words is gold
 SUMMARY_NAME = "openqa_training.json"
 DEV_RESULTS_NAME = "dev_results.json"
 
@@ -311,13 +314,15 @@ def finetune_openqa(
     save: bool = True,
     summary_extras: dict | None = None,
     callbacks: Sequence[TrainerCallback] = (),
+    print_logs: bool = False,
 ) -> dict:
     """Fine-tune `model` (a RealmForOpenQA with its retriever) on QA rows and save it into output_dir.
 
     train_dataset / dev_dataset: `load_qa_dataset` results, lists of rows, or JSONL paths. batch_size questions per
     step and device, times gradient_accumulation_steps per optimiser step. warmup_steps default: ORQA's
     min(10000, max(100, max_steps / 10)). eval_steps: dev evaluation period (default: before and after training only).
-    callbacks: more TrainerCallbacks (e.g. the quickstart's plots).
+    callbacks: more TrainerCallbacks (e.g. the quickstart's plots). print_logs: also print the Trainer's dict of
+    metrics at each logging step (they are in the summary's log history either way).
     Returns the training summary (also written to output_dir/openqa_training.json when save).
     """
     train_dataset, dev_dataset = as_dataset(train_dataset), as_dataset(dev_dataset)
@@ -377,6 +382,7 @@ def finetune_openqa(
             data_collator=collator,
             callbacks=[callback, *callbacks],
         )
+        quiet_trainer_logs(trainer, verbose=print_logs)
         model.block_embedding_to(arguments.device)
         dev_before = evaluate() if dev_dataset is not None else None
         started = time.perf_counter()
@@ -437,40 +443,6 @@ def write_text_atomic(path: Path, text: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `openrealm train openqa`."""
-    parser.add_argument("--model", default=None, help="RealmForOpenQA folder / Hub id, or a pre-training output")
-    parser.add_argument("--embedder", default=None, help="RealmEmbedder folder / Hub id (instead of --model)")
-    parser.add_argument("--encoder", default=None, help="RealmKnowledgeAugEncoder or BERT folder / Hub id")
-    parser.add_argument("--corpus", default=None, help="knowledge-corpus folder (needed when starting from towers)")
-    parser.add_argument("--index", default=None, help="index of the embedder's blocks (default: built from --corpus)")
-    parser.add_argument("--train", required=True, help="training questions: JSONL file, folder or Hub dataset name")
-    parser.add_argument("--dev", default=None, help="dev questions (evaluated before, during and after training)")
-    parser.add_argument("--train-split", default="train", help="split of a --train folder or Hub dataset (train)")
-    parser.add_argument("--dev-split", default=None, help="split of a --dev folder or Hub dataset (default: auto)")
-    parser.add_argument("--output", required=True, help="folder for the fine-tuned RealmForOpenQA")
-    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
-    parser.add_argument("--batch-size", type=int, default=8, help="questions per step (ORQA: 1; default 8)")
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=1, help="steps per update (default 1)")
-    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="peak AdamW lr (default 1e-5)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
-    parser.add_argument(
-        "--searcher-beam-size", type=int, default=SEARCHER_BEAM_SIZE, help="blocks in the retriever loss"
-    )
-    parser.add_argument("--reader-beam-size", type=int, default=READER_BEAM_SIZE, help="blocks read in training (5)")
-    parser.add_argument("--eval-reader-beam-size", type=int, default=EVAL_READER_BEAM_SIZE, help="read at inference")
-    parser.add_argument("--eval-steps", type=int, default=None, help="dev evaluation every N steps")
-    parser.add_argument("--eval-batch-size", type=int, default=8, help="dev questions per forward pass (default 8)")
-    parser.add_argument("--passage-supervision", action="store_true", help="REALM++ gold-passage retriever loss")
-    parser.add_argument("--gold-passages", default=None, help="JSONL {id, text} of the gold passages of the rows")
-    parser.add_argument("--min-passage-overlap", type=float, default=MIN_PASSAGE_OVERLAP, help="default 0.5")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the span scorer and the data order")
-    parser.add_argument("--logging-steps", type=int, default=10, help="log every N steps (default 10)")
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
-    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard (default none)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
 def run(args: argparse.Namespace) -> int:
     """`openrealm train openqa`: load or assemble the model, fine-tune, save the folder and the summary."""
     from transformers import set_seed
@@ -505,7 +477,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         bf16=args.bf16,
         report_to=args.report_to,
-        progress=not args.no_progress,
+        progress=not args.quiet,
+        print_logs=args.verbose,
         summary_extras={
             "model": args.model or f"{args.embedder} + {args.encoder}",
             "corpus": args.corpus,

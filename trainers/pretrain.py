@@ -70,20 +70,20 @@ from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
 from openrealm.file_utils import atomic_directory, replace_folder
 from openrealm.hub_cards.model_card import realm_model_card
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config
-from openrealm.tokenization.masking import STRATEGIES, SalientSpanCollator
+from openrealm.tokenization.masking import SalientSpanCollator
 from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides
 from openrealm.trainers.index_builder import build_index, leave_process_group, load_index
+from openrealm.trainers.options import train_pretrain
+from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.pretraining import (
     CANDIDATE_SEQ_LEN,
     COUNTERS,
-    EMBEDDING_DROPOUT,
     JOINT_SEQ_LEN,
-    NUM_CANDIDATES,
     QUERY_SEQ_LEN,
     RealmPretrainingExamples,
     RealmPretrainingModel,
 )
-from openrealm.trainers.refresh import MODES, IndexRefreshCallback, check_refresh_settings, snapshot_embedder
+from openrealm.trainers.refresh import IndexRefreshCallback, check_refresh_settings, snapshot_embedder
 from openrealm.trainers.towers import (
     check_tokenizer,
     fit_length,
@@ -92,7 +92,6 @@ from openrealm.trainers.towers import (
     scorer_from_embedder,
 )
 
-LEARNING_RATE = 3e-5  # Google's --learning_rate default
 OUTPUT_METRICS = (
     "retrieval_utility",
     "null_doc_prob",
@@ -549,7 +548,7 @@ def build_trainer(
         bf16=args.bf16,
         use_cpu=runs_on_cpu_processes(),  # DDP over gloo when several processes run without a GPU
         report_to=args.report_to,
-        disable_tqdm=args.no_progress,
+        disable_tqdm=args.quiet,
     )
     model = RealmPretrainingModel(embedder, encoder, embedding_dropout=args.embedding_dropout)
     trainer = RealmPretrainingTrainer(
@@ -564,7 +563,7 @@ def build_trainer(
         refresh.index_in_use_root = Path(args.index).absolute()
     trainer.checkpoint_extras = checkpoint_extras(trainer, tokenizer)
     trainer.embedder_learning_rate = getattr(args, "embedder_learning_rate", None)
-    return trainer
+    return quiet_trainer_logs(trainer, verbose=getattr(args, "verbose", False))
 
 
 def save_models(model: RealmPretrainingModel, tokenizer, output: str | os.PathLike, summary: dict) -> None:
@@ -596,68 +595,6 @@ def push_to_hub(output: str | os.PathLike, repo: str, api=None, private: bool = 
         api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=f"Upload REALM {name}")
         pushed[name] = repo_id
     return pushed
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `openrealm train pretrain`."""
-    parser.add_argument("--corpus", required=True, help="knowledge-corpus folder (openrealm corpus build)")
-    parser.add_argument("--embedder", required=True, help="RealmEmbedder (e.g. ICT output) or BERT folder, or random")
-    parser.add_argument("--encoder", required=True, help="RealmKnowledgeAugEncoder or BERT folder, or random")
-    parser.add_argument("--output", required=True, help="folder for embedder/, encoder/, the tokenizer and index/")
-    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (paper: 200000 at batch 512)")
-    parser.add_argument("--refresh-every", type=int, required=True, help="index refresh period in steps (paper ~500)")
-    parser.add_argument("--refresh-mode", choices=MODES, default="async", help="async (default), sync or off")
-    parser.add_argument(
-        "--refresh-lag",
-        type=int,
-        default=None,
-        help="async: swap each new index in exactly this many steps after its snapshot, waiting then if the build has "
-        "not ended: a seeded run is reproducible (default: as soon as built, as REALM)",
-    )
-    parser.add_argument("--index", default=None, help="existing index root built from --embedder (default: build v0)")
-    parser.add_argument("--index-root", default=None, help="where index versions go (default OUTPUT/index)")
-    parser.add_argument(
-        "--shard-index",
-        action="store_true",
-        help="under accelerate launch, each process holds 1/N of the index and searches are merged across processes",
-    )
-    parser.add_argument("--index-batch-size", type=int, default=128, help="blocks per forward pass when indexing")
-    parser.add_argument(
-        "--builder-device",
-        default=None,
-        help="device of the async index builder (default: a GPU no training process uses, else cuda:0, else cpu)",
-    )
-    parser.add_argument("--batch-size", type=int, default=4, help="queries per step (Google local: 4, paper: 512)")
-    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE, help="peak AdamW lr (default 3e-5)")
-    parser.add_argument(
-        "--embedder-learning-rate",
-        type=float,
-        default=None,
-        help="peak lr of the retriever (default: --learning-rate; lower keeps a small ICT retriever from drifting)",
-    )
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
-    parser.add_argument("--num-candidates", type=int, default=NUM_CANDIDATES, help="K incl. the null doc (8)")
-    parser.add_argument("--spans", choices=STRATEGIES, default="salient", help="masking strategy (default salient)")
-    parser.add_argument("--embedding-dropout", type=float, default=EMBEDDING_DROPOUT, help="(default 0.1)")
-    parser.add_argument("--config-overrides", default=None, help="RealmConfig fields k=v,... (for random models)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus's)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and masks (default 0)")
-    parser.add_argument("--logging-steps", type=int, default=50, help="log every N steps (default 50)")
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
-    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: none)")
-    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
-    parser.add_argument(
-        "--resume-from-checkpoint",
-        nargs="?",
-        const="last",
-        default=None,
-        metavar="PATH|last",
-        help="resume from a checkpoint folder, or the newest OUTPUT/checkpoint-N (last; the default value)",
-    )
-    parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="upload to REPO-{embedder,encoder,scorer}")
-    parser.add_argument("--hub-private", action="store_true", help="create the Hub repos private")
 
 
 def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = None) -> int:
@@ -785,7 +722,7 @@ def write_rank_record(trainer: RealmPretrainingTrainer, output: str | os.PathLik
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="openrealm train pretrain", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
+    train_pretrain(parser)
     return run(parser.parse_args(argv))
 
 

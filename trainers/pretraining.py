@@ -35,13 +35,12 @@ from openrealm import RealmBlockIndex, RealmEmbedder, RealmKnowledgeAugEncoder
 from openrealm.modeling_realm import flatten_candidates
 from openrealm.tokenization.corpus import block_retriever_inputs
 from openrealm.trainers.ict import freeze_unused_mlm_head
+from openrealm.trainers.options import EMBEDDING_DROPOUT, NUM_CANDIDATES
 
 # Google's local_launcher.sh / model.py defaults (spec §2.3, §3.1).
-NUM_CANDIDATES = 8
 QUERY_SEQ_LEN = 96
 CANDIDATE_SEQ_LEN = 288
 JOINT_SEQ_LEN = QUERY_SEQ_LEN + CANDIDATE_SEQ_LEN
-EMBEDDING_DROPOUT = 0.1
 NULL_BLOCK_ID = -1
 COUNTERS = ("num_examples", "num_dropped_duplicate_uids", "num_trivial_retrieved")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from openrealm.hub_cards.model_card import open_qa_model_card
 from openrealm.trainers.evaluation import read_results
+from openrealm.trainers.options import push as push_options
 
 # What a folder must hold to answer questions on its own (RealmForOpenQA.save_pretrained with a retriever).
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "block_records.safetensors")
@@ -96,19 +97,6 @@ def push_open_qa_model(
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `openrealm push`."""
-    parser.add_argument("--model", required=True, help="RealmForOpenQA folder (weights, tokenizer, corpus, index)")
-    parser.add_argument("--repo-id", required=True, help="Hub repository to create or update (owner/name)")
-    parser.add_argument(
-        "--eval-results", nargs="*", default=[], help="results JSON(s) of openrealm evaluate, for the model-index"
-    )
-    parser.add_argument("--training-summary", default=None, help="JSON summary of the fine-tuning run, for the card")
-    parser.add_argument("--corpus", default=None, help="knowledge corpus folder or name, for the card")
-    parser.add_argument("--datasets", nargs="*", default=None, help="Hub dataset ids to list in the card metadata")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-
-
 def run(args: argparse.Namespace) -> int:
     """`openrealm push`: card + upload."""
     url = push_open_qa_model(
@@ -126,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="openrealm push", description=__doc__.split("\n")[0])
-    add_arguments(parser)
+    push_options(parser)
     return run(parser.parse_args(argv))
 
 

@@ -47,6 +47,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from openrealm.trainers import options
+
 OUTPUT_DEFAULT = "realm-quickstart"
 
 
@@ -280,7 +282,7 @@ class Stages:
 
         preset = self.preset
         parser = argparse.ArgumentParser()
-        pretrain.add_arguments(parser)
+        options.train_pretrain(parser)
         argv = [
             "--corpus", str(corpus), "--embedder", str(embedder), "--encoder", str(encoder),
             "--output", str(self.path(name)),
@@ -664,11 +666,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="sizes (default: default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the world, the weights and the data order")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUTPUT")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    options.output_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    quickstart(args.output, args.preset, args.seed, args.overwrite, progress=not args.no_progress)
+    quickstart(args.output, args.preset, args.seed, args.overwrite, progress=not args.quiet)
     return 0
 
 

@@ -72,10 +72,10 @@ from transformers import TrainerCallback
 from openrealm.file_utils import clean_leftovers
 from openrealm.tokenization.corpus import load_corpus
 from openrealm.trainers.index_builder import build_index, list_versions, load_index, version_dir_name
+from openrealm.trainers.options import REFRESH_MODES as MODES
 
 logger = logging.getLogger(__name__)
 
-MODES = ("async", "sync", "off")
 KEEP_VERSIONS = 3  # Google's refresher keeps the newest 3 encoded exports
 SNAPSHOTS_DIR = ".snapshots"
 LOG_TAIL_CHARS = 2000

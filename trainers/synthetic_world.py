@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from openrealm.file_utils import atomic_directory
+from openrealm.trainers.options import output_options
 
 FORMAT = "openrealm.synthetic_world"
 FORMAT_VERSION = 1
@@ -611,6 +612,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer-output", default=None, help="also train a WordPiece vocabulary into this folder")
     parser.add_argument("--vocab-size", type=int, default=4000, help="WordPiece vocabulary size (default 4000)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing output folders")
+    output_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,17 @@
+"""The job options are declared apart from the jobs (fast --help); the defaults spelled out there equal the library's."""
+
+from openrealm import index_realm
+from openrealm.tokenization import corpus, masking
+from openrealm.trainers import index_builder, options, pretraining, refresh
+
+
+def test_the_spelled_out_defaults_equal_the_constants_of_the_modules_that_use_them():
+    assert options.MASKING_STRATEGIES == masking.STRATEGIES
+    assert options.INDEX_TYPES == index_realm.INDEX_TYPES
+    assert options.MAX_BLOCK_LENGTH == corpus.MAX_BLOCK_LENGTH
+    assert tuple(index_builder.DTYPES) == options.DTYPE_NAMES
+
+
+def test_the_jobs_use_the_option_defaults():
+    assert pretraining.NUM_CANDIDATES == options.NUM_CANDIDATES == 8
+    assert refresh.MODES == options.REFRESH_MODES

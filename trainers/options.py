@@ -1,0 +1,413 @@
+"""The options of the `openrealm` jobs, declared without importing torch, transformers or datasets.
+
+Building a job's parser must not import the job: `openrealm train pretrain --help` then answers at once instead of
+after seconds of imports. Each function adds one job's options to its argparse parser; the defaults that the jobs'
+own code also uses live here and are imported by the job modules. Three defaults belong to modules that import torch
+(masking strategies, MIPS index types, block length): they are spelled out here, and tests keep them equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# train ict (Google's ICT flags)
+MASK_RATE = 0.9  # probability of removing the query sentence from its block
+ICT_LEARNING_RATE = 1e-4
+EMBEDDING_DROPOUT = 0.1  # dropout on the projected retrieval embedding while training (ICT and REALM)
+# train pretrain (Google's REALM flags)
+PRETRAIN_LEARNING_RATE = 3e-5  # Google's --learning_rate default
+NUM_CANDIDATES = 8  # K retrieved blocks per query, the null document included
+REFRESH_MODES = ("async", "sync", "off")
+MASKING_STRATEGIES = ("salient", "random_token", "random_span")  # = tokenization.masking.STRATEGIES
+# train openqa (ORQA / REALM++)
+SEARCHER_BEAM_SIZE = 5000  # ORQA: blocks scored by the retriever loss
+READER_BEAM_SIZE = 5  # ORQA: blocks read in training
+EVAL_READER_BEAM_SIZE = 100  # REALM++: blocks read at inference
+OPENQA_LEARNING_RATE = 1e-5
+MIN_PASSAGE_OVERLAP = 0.5  # REALM++: a retrieved block with >= 50% of the gold passage's words is gold
+# evaluate
+DEFAULT_RECALL_KS = (1, 5, 10, 20)
+# corpus build, index build
+MAX_BLOCK_LENGTH = 288  # wordpieces per block (Google) = tokenization.corpus.MAX_BLOCK_LENGTH
+INDEX_TYPES = ("exact", "flat", "ivf", "hnsw", "ivfpq", "pq")  # = modeling_realm.index_realm.INDEX_TYPES
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # autocast dtypes of index build (torch.<name>)
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (at least 1), got {value}")
+    return value
+
+
+def output_options(parser: argparse.ArgumentParser) -> None:
+    """-q/--quiet and -v/--verbose, on every job (`openrealm.trainers.output` applies them)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bars or warnings, only errors and the result"
+    )
+    group.add_argument(
+        "-v", "--verbose", action="store_true", help="also the libraries' logs, inner progress bars and load reports"
+    )
+    group.add_argument("--no-progress", dest="quiet", action="store_true", help=argparse.SUPPRESS)  # former name
+
+
+def index_param(text: str) -> tuple[str, int]:
+    """argparse type of `--index-param NAME=INT`."""
+    name, sep, value = text.partition("=")
+    if not sep or not value.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=INT (e.g. nlist=4096), got {text!r}")
+    return name, int(value)
+
+
+def corpus_build(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `openrealm corpus build`."""
+    parser.add_argument("--input", required=True, nargs="+", help="JSONL file(s), one {title, text} per line")
+    parser.add_argument("--output", required=True, help="corpus folder to write (must not exist unless --overwrite)")
+    parser.add_argument(
+        "--tokenizer",
+        required=True,
+        help="tokenizer name or path for AutoTokenizer, e.g. bert-base-uncased or a REALM checkpoint folder",
+    )
+    parser.add_argument("--max-block-length", type=int, default=MAX_BLOCK_LENGTH, help="wordpieces per block (288)")
+    parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
+    parser.add_argument("--batch-size", type=int, default=256, help="articles per batch")
+    parser.add_argument(
+        "--spans",
+        default="regex",
+        help="salient spans: regex (dates, the default), spacy[:MODEL] (NER + dates), a token-classification model "
+        "(NER + dates), or none (no spans: `train pretrain` then needs --spans random_token or random_span)",
+    )
+    parser.add_argument(
+        "--no-page-filter", action="store_true", help="keep List of/Index of/Outline of/disambiguation pages"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing corpus at --output")
+    output_options(parser)
+
+
+def corpus_add(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `openrealm corpus add`."""
+    _corpus_edit(parser, "add")
+
+
+def corpus_update(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `openrealm corpus update`."""
+    _corpus_edit(parser, "update")
+
+
+def corpus_remove(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `openrealm corpus remove`."""
+    _corpus_edit(parser, "remove")
+
+
+def _corpus_edit(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.add_argument("--corpus", required=True, help="corpus folder (corpus build) or retriever/model folder")
+    if command in ("add", "update"):
+        parser.add_argument("--input", required=True, nargs="+", help="JSONL file(s), one {title, text} per line")
+        parser.add_argument(
+            "--embedder",
+            default=None,
+            help="only for an index without an embedder snapshot: the checkpoint that embedded its blocks",
+        )
+        parser.add_argument(
+            "--spans",
+            default="regex",
+            help="salient spans of the new blocks, as corpus build's --spans (corpus folders)",
+        )
+        parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass")
+        parser.add_argument("--device", default=None, help="where to embed (default cuda if available, else cpu)")
+    if command == "remove":
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("--titles", nargs="+", help="remove every block of these article titles (exact match)")
+        which.add_argument("--ids", nargs="+", type=int, help="remove these block ids")
+    output_options(parser)
+
+
+def train_ict(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm train ict`."""
+    parser.add_argument("--corpus", required=True, help="knowledge-corpus folder (openrealm corpus build)")
+    parser.add_argument(
+        "--init",
+        required=True,
+        help="RealmEmbedder folder or Hub id, any BERT checkpoint (e.g. "
+        "sentence-transformers/all-MiniLM-L6-v2), or 'random' (sized by --config-overrides)",
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        help="folder for the trained RealmEmbedder + tokenizer (checkpoints go in OUTPUT/checkpoint-*)",
+    )
+    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (Google: 100000 at batch 4096)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="examples per process; the negatives are the global batch (Google: 4096) (default 64)",
+    )
+    parser.add_argument("--learning-rate", type=float, default=ICT_LEARNING_RATE, help="peak AdamW lr (default 1e-4)")
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="linear warm-up steps (default Google's min(10000, max(100, max_steps / 10)))",
+    )
+    parser.add_argument(
+        "--query-seq-len", type=int, default=None, help="query wordpieces (default 64, or what the model reads)"
+    )
+    parser.add_argument(
+        "--block-seq-len", type=int, default=None, help="block wordpieces (default 288, or what the model reads)"
+    )
+    parser.add_argument(
+        "--mask-rate",
+        type=float,
+        default=MASK_RATE,
+        help="probability of removing the query sentence from its block (default 0.9)",
+    )
+    parser.add_argument(
+        "--embedding-dropout",
+        type=float,
+        default=EMBEDDING_DROPOUT,
+        help="dropout on the projected embedding while training (default 0.1, as Google)",
+    )
+    parser.add_argument(
+        "--config-overrides",
+        default=None,
+        help="RealmConfig fields as k=v,k=v (e.g. hidden_size=64,num_hidden_layers=2,"
+        "num_attention_heads=4,intermediate_size=256,retriever_proj_size=32 for --init random)",
+    )
+    parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus folder's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and examples (default 0)")
+    parser.add_argument("--logging-steps", type=int, default=50, help="log the loss every N steps (default 50)")
+    parser.add_argument(
+        "--save-steps", type=int, default=1000, help="checkpoint every N steps, 0 = never (default 1000)"
+    )
+    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
+    parser.add_argument("--overwrite", action="store_true", help="train into a non-empty OUTPUT (old checkpoints go)")
+    parser.add_argument(
+        "--resume-from-checkpoint",
+        nargs="?",
+        const="last",
+        default=None,
+        help="resume from OUTPUT's last checkpoint, or from the checkpoint folder given",
+    )
+    parser.add_argument(
+        "--eval-steps",
+        type=int,
+        default=0,
+        help="in-batch accuracy on --eval-blocks blocks every N steps, 0 = never (default 0)",
+    )
+    parser.add_argument("--eval-blocks", type=int, default=1000, help="blocks in the in-batch evaluation set")
+    parser.add_argument(
+        "--eval-queries",
+        type=int,
+        default=0,
+        help="after training, recall@5 of a sentence's own block over the whole corpus with this many "
+        "queries (embeds every block; default 0 = skip)",
+    )
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations to save memory")
+    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
+    parser.add_argument(
+        "--push-to-hub",
+        default=None,
+        metavar="REPO_ID",
+        help="upload the trained embedder and tokenizer to this Hub repository",
+    )
+    output_options(parser)
+
+
+def train_pretrain(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm train pretrain`."""
+    parser.add_argument("--corpus", required=True, help="knowledge-corpus folder (openrealm corpus build)")
+    parser.add_argument("--embedder", required=True, help="RealmEmbedder (e.g. ICT output) or BERT folder, or random")
+    parser.add_argument("--encoder", required=True, help="RealmKnowledgeAugEncoder or BERT folder, or random")
+    parser.add_argument("--output", required=True, help="folder for embedder/, encoder/, the tokenizer and index/")
+    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (paper: 200000 at batch 512)")
+    parser.add_argument("--refresh-every", type=int, required=True, help="index refresh period in steps (paper ~500)")
+    parser.add_argument("--refresh-mode", choices=REFRESH_MODES, default="async", help="async (default), sync or off")
+    parser.add_argument(
+        "--refresh-lag",
+        type=int,
+        default=None,
+        help="async: swap each new index in exactly this many steps after its snapshot, waiting then if the build has "
+        "not ended: a seeded run is reproducible (default: as soon as built, as REALM)",
+    )
+    parser.add_argument("--index", default=None, help="existing index root built from --embedder (default: build v0)")
+    parser.add_argument("--index-root", default=None, help="where index versions go (default OUTPUT/index)")
+    parser.add_argument(
+        "--shard-index",
+        action="store_true",
+        help="under accelerate launch, each process holds 1/N of the index and searches are merged across processes",
+    )
+    parser.add_argument("--index-batch-size", type=int, default=128, help="blocks per forward pass when indexing")
+    parser.add_argument(
+        "--builder-device",
+        default=None,
+        help="device of the async index builder (default: a GPU no training process uses, else cuda:0, else cpu)",
+    )
+    parser.add_argument("--batch-size", type=int, default=4, help="queries per step (Google local: 4, paper: 512)")
+    parser.add_argument(
+        "--learning-rate", type=float, default=PRETRAIN_LEARNING_RATE, help="peak AdamW lr (default 3e-5)"
+    )
+    parser.add_argument(
+        "--embedder-learning-rate",
+        type=float,
+        default=None,
+        help="peak lr of the retriever (default: --learning-rate; lower keeps a small ICT retriever from drifting)",
+    )
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
+    parser.add_argument("--num-candidates", type=int, default=NUM_CANDIDATES, help="K incl. the null doc (8)")
+    parser.add_argument(
+        "--spans", choices=MASKING_STRATEGIES, default="salient", help="masking strategy (default salient)"
+    )
+    parser.add_argument("--embedding-dropout", type=float, default=EMBEDDING_DROPOUT, help="(default 0.1)")
+    parser.add_argument("--config-overrides", default=None, help="RealmConfig fields k=v,... (for random models)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and masks (default 0)")
+    parser.add_argument("--logging-steps", type=int, default=50, help="log every N steps (default 50)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
+    parser.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: none)")
+    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
+    parser.add_argument(
+        "--resume-from-checkpoint",
+        nargs="?",
+        const="last",
+        default=None,
+        metavar="PATH|last",
+        help="resume from a checkpoint folder, or the newest OUTPUT/checkpoint-N (last; the default value)",
+    )
+    parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="upload to REPO-{embedder,encoder,scorer}")
+    parser.add_argument("--hub-private", action="store_true", help="create the Hub repos private")
+    output_options(parser)
+
+
+def train_openqa(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm train openqa`."""
+    parser.add_argument("--model", default=None, help="RealmForOpenQA folder / Hub id, or a pre-training output")
+    parser.add_argument("--embedder", default=None, help="RealmEmbedder folder / Hub id (instead of --model)")
+    parser.add_argument("--encoder", default=None, help="RealmKnowledgeAugEncoder or BERT folder / Hub id")
+    parser.add_argument("--corpus", default=None, help="knowledge-corpus folder (needed when starting from towers)")
+    parser.add_argument("--index", default=None, help="index of the embedder's blocks (default: built from --corpus)")
+    parser.add_argument("--train", required=True, help="training questions: JSONL file, folder or Hub dataset name")
+    parser.add_argument("--dev", default=None, help="dev questions (evaluated before, during and after training)")
+    parser.add_argument("--train-split", default="train", help="split of a --train folder or Hub dataset (train)")
+    parser.add_argument("--dev-split", default=None, help="split of a --dev folder or Hub dataset (default: auto)")
+    parser.add_argument("--output", required=True, help="folder for the fine-tuned RealmForOpenQA")
+    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="questions per step (ORQA: 1; default 8)")
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1, help="steps per update (default 1)")
+    parser.add_argument(
+        "--learning-rate", type=float, default=OPENQA_LEARNING_RATE, help="peak AdamW lr (default 1e-5)"
+    )
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
+    parser.add_argument(
+        "--searcher-beam-size", type=int, default=SEARCHER_BEAM_SIZE, help="blocks in the retriever loss"
+    )
+    parser.add_argument("--reader-beam-size", type=int, default=READER_BEAM_SIZE, help="blocks read in training (5)")
+    parser.add_argument("--eval-reader-beam-size", type=int, default=EVAL_READER_BEAM_SIZE, help="read at inference")
+    parser.add_argument("--eval-steps", type=int, default=None, help="dev evaluation every N steps")
+    parser.add_argument("--eval-batch-size", type=int, default=8, help="dev questions per forward pass (default 8)")
+    parser.add_argument("--passage-supervision", action="store_true", help="REALM++ gold-passage retriever loss")
+    parser.add_argument("--gold-passages", default=None, help="JSONL {id, text} of the gold passages of the rows")
+    parser.add_argument("--min-passage-overlap", type=float, default=MIN_PASSAGE_OVERLAP, help="default 0.5")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the span scorer and the data order")
+    parser.add_argument("--logging-steps", type=int, default=10, help="log every N steps (default 10)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard (default none)")
+    output_options(parser)
+
+
+def index_build(parser: argparse.ArgumentParser) -> None:
+    """The options of `openrealm index build`."""
+    parser.add_argument("--embedder", required=True, help="REALM or BERT checkpoint: local folder or Hub repo id")
+    parser.add_argument("--corpus", required=True, help="knowledge corpus folder (`openrealm corpus build`)")
+    parser.add_argument("--output", required=True, help="index root: writes OUTPUT/vNNNNNN/ (see --layout)")
+    parser.add_argument("--index-type", default="exact", choices=INDEX_TYPES, help="MIPS index (default exact)")
+    parser.add_argument(
+        "--index-param",
+        action="append",
+        default=[],
+        type=index_param,
+        metavar="NAME=INT",
+        help="index parameter, repeatable (e.g. nlist=4096, nprobe=32, m=32, ef_search=64, pq_m=32)",
+    )
+    parser.add_argument("--version", type=int, default=None, help="index version (default: previous + 1, or 0)")
+    parser.add_argument(
+        "--layout",
+        choices=("versioned", "plain"),
+        default="versioned",
+        help="versioned: OUTPUT/vNNNNNN/{block_index,build_info.json}; plain: OUTPUT is the index folder itself",
+    )
+    parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
+    parser.add_argument(
+        "--num-shards",
+        type=int,
+        default=1,
+        help="write an exact index as N files, one per process of a `train pretrain --shard-index` run (default 1)",
+    )
+    parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass, per process")
+    parser.add_argument(
+        "--max-length", type=int, default=None, help="wordpieces per block (default 288, or what the embedder reads)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", *DTYPE_NAMES),
+        default="auto",
+        help="autocast dtype (auto: bf16 on CUDA, fp32 on CPU)",
+    )
+    parser.add_argument("--device", default=None, help="default: the process's accelerate device")
+    parser.add_argument("--num-workers", type=int, default=None, help="input workers (default 2 on CUDA, 0 on CPU)")
+    parser.add_argument("--no-sort", action="store_true", help="batch in block order instead of by length")
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit, writing nothing, as soon as this process (the one that started the build) is gone (async refresh)",
+    )
+    output_options(parser)
+
+
+def evaluate(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm evaluate`."""
+    parser.add_argument("--model", required=True, help="RealmForOpenQA folder or Hub repo id (with corpus and index)")
+    parser.add_argument("--dataset", required=True, help="QA JSONL file, folder of SPLIT.jsonl, or Hub dataset name")
+    parser.add_argument("--output", required=True, help="results JSON to write (metrics and predictions)")
+    parser.add_argument("--split", default=None, help="split of a folder or Hub dataset (default: test/validation)")
+    parser.add_argument("--dataset-name", default=None, help="name in the results and model card (default: derived)")
+    parser.add_argument(
+        "--num-blocks", type=positive_int, default=None, help="blocks read per question (default: config)"
+    )
+    parser.add_argument("--limit", type=positive_int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="questions per forward pass (default 8)")
+    parser.add_argument(
+        "--recall-k",
+        type=positive_int,
+        nargs="+",
+        default=list(DEFAULT_RECALL_KS),
+        help="k of recall@k (default 1 5 10 20); a k beyond the corpus size is recall over the whole corpus (noted)",
+    )
+    parser.add_argument(
+        "--retrieval", choices=("dense", "bm25"), default="dense", help="blocks from the model's index or from BM25"
+    )
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    output_options(parser)
+
+
+def push(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm push`."""
+    parser.add_argument("--model", required=True, help="RealmForOpenQA folder (weights, tokenizer, corpus, index)")
+    parser.add_argument("--repo-id", required=True, help="Hub repository to create or update (owner/name)")
+    parser.add_argument(
+        "--eval-results", nargs="*", default=[], help="results JSON(s) of openrealm evaluate, for the model-index"
+    )
+    parser.add_argument("--training-summary", default=None, help="JSON summary of the fine-tuning run, for the card")
+    parser.add_argument("--corpus", default=None, help="knowledge corpus folder or name, for the card")
+    parser.add_argument("--datasets", nargs="*", default=None, help="Hub dataset ids to list in the card metadata")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    output_options(parser)
