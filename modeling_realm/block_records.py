@@ -729,9 +729,11 @@ def convert_legacy_block_records(
             out.write(bytes(min(_CHUNK, 8 * (num_blocks + 2) - start)))
         out.flush()
         fd, count, total = out.fileno(), 0, 0
+        shown = [0]  # bytes the bar shows (with transformers' bars off, `bar` is a stand-in without a count)
 
         def advance(done: int, size: int) -> None:
-            bar.update(done - bar.n)
+            bar.update(done - shown[0])
+            shown[0] = done
 
         try:
             for batch in iter_legacy_block_records(npy_path, progress=advance):

@@ -515,6 +515,20 @@ def test_convert_legacy_gives_equal_records_with_empty_titles(tmp_path):
     assert records.titles(range(4)) == ["", "", "", ""]
 
 
+def test_convert_legacy_works_with_transformers_progress_bars_turned_off(tmp_path):
+    # A user (or `openrealm` without --verbose) may turn transformers' bars off: its tqdm is then a stand-in.
+    from transformers.utils import logging as transformers_logging
+
+    elements = [b"one", b"two", b"three"]
+    npy = save_legacy(tmp_path / "block_records.npy", object_array(elements))
+    transformers_logging.disable_progress_bar()
+    try:
+        records = convert_legacy_block_records(npy, tmp_path / "block_records.safetensors", progress=True)
+    finally:
+        transformers_logging.enable_progress_bar()
+    assert [records.text_bytes(i) for i in range(len(records))] == elements
+
+
 def test_legacy_records_are_read_in_one_pass(tmp_path, monkeypatch):
     path = save_legacy(tmp_path / "block_records.npy", object_array(LEGACY))
     passes = []

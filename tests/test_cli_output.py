@@ -72,3 +72,17 @@ def test_train_ict_prints_a_bar_and_its_summary_but_not_the_trainer_metric_dicts
 def test_train_ict_verbose_prints_the_trainer_metric_dicts(world_files):
     result = ict(world_files, "ict-verbose", "-v")
     assert "train_runtime" in result.stdout + result.stderr
+
+
+def test_a_job_run_in_process_leaves_the_libraries_logging_as_it_was(world_files):
+    import datasets
+    import transformers
+
+    from openrealm.trainers.cli import main
+
+    before = (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
+              datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled())  # fmt: skip
+    assert main(["corpus", "build", "--input", str(world_files / "world" / "articles.jsonl"), "--output",
+                 str(world_files / "corpus-in-process"), "--tokenizer", str(world_files / "tok"), "--quiet"]) == 0  # fmt: skip
+    assert (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
+            datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()) == before  # fmt: skip

@@ -221,8 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     import openrealm
     from openrealm.trainers import output
 
-    output.configure(args)  # --quiet / --verbose: the libraries' logs and progress bars
-
     openrealm.register_with_transformers()  # deferred by the package root for this command line (fast --help)
     from openrealm.modeling_realm import MissingWeightsError
     from openrealm.trainers.towers import check_model_folder
@@ -231,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, flag in MODEL_ARGUMENTS:
             if isinstance(getattr(args, name, None), str):
                 check_model_folder(getattr(args, name), flag)
-        return args.handler(args)
+        with output.configured(args):  # --quiet / --verbose: the libraries' logs and progress bars
+            return args.handler(args)
     except MissingWeightsError as error:  # a checkpoint that would train or answer with random weights
         return report_error(error, 1)
     except BAD_INPUT_ERRORS as error:

@@ -10,30 +10,53 @@ weights says so in every mode but --quiet's errors-only).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+from collections.abc import Iterator
 
 from transformers import ProgressCallback, Trainer
 from transformers.trainer_callback import PrinterCallback
 
 
-def configure(args: argparse.Namespace) -> None:
-    """Set transformers', datasets' and huggingface_hub's logging and progress bars for the job's --quiet/--verbose."""
+@contextlib.contextmanager
+def configured(args: argparse.Namespace) -> Iterator[None]:
+    """Inside the block, transformers', datasets' and huggingface_hub's logging and progress bars follow the job's
+    --quiet/--verbose; after it they are as they were (a job run in-process, e.g. by a test, leaves nothing behind)."""
     import datasets
     import huggingface_hub
     import transformers
 
+    before = (
+        transformers.logging.get_verbosity(),
+        transformers.utils.logging.is_progress_bar_enabled(),
+        datasets.logging.get_verbosity(),
+        datasets.is_progress_bar_enabled(),
+        huggingface_hub.utils.are_progress_bars_disabled(),
+    )
     quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", False)
-    if verbose:
-        transformers.logging.set_verbosity_info()
-        datasets.logging.set_verbosity_info()
-        transformers.logging.enable_progress_bar()
-        datasets.enable_progress_bars()
-        huggingface_hub.utils.enable_progress_bars()
-        return
-    (transformers.logging.set_verbosity_error if quiet else transformers.logging.set_verbosity_warning)()
-    (datasets.logging.set_verbosity_error if quiet else datasets.logging.set_verbosity_warning)()
-    transformers.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    huggingface_hub.utils.disable_progress_bars()
+    level = logging.INFO if verbose else logging.ERROR if quiet else logging.WARNING
+    transformers.logging.set_verbosity(level)
+    datasets.logging.set_verbosity(level)
+    _show_bars(verbose)
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(before[0])
+        datasets.logging.set_verbosity(before[2])
+        (transformers.logging.enable_progress_bar if before[1] else transformers.logging.disable_progress_bar)()
+        (datasets.enable_progress_bars if before[3] else datasets.disable_progress_bars)()
+        (huggingface_hub.utils.disable_progress_bars if before[4] else huggingface_hub.utils.enable_progress_bars)()
+
+
+def _show_bars(show: bool) -> None:
+    """The libraries' own progress bars on or off (a job's stage bar is its own)."""
+    import datasets
+    import huggingface_hub
+    import transformers
+
+    (transformers.logging.enable_progress_bar if show else transformers.logging.disable_progress_bar)()
+    (datasets.enable_progress_bars if show else datasets.disable_progress_bars)()
+    (huggingface_hub.utils.enable_progress_bars if show else huggingface_hub.utils.disable_progress_bars)()
 
 
 class StageProgress(ProgressCallback):
