@@ -143,7 +143,7 @@ def train(
         "--batch-size",
         str(batch_size),
     ]
-    argv += ["--config-overrides", model, "--no-progress", "--logging-steps", str(steps), "--learning-rate", "1e-4"]
+    argv += ["--config-overrides", model, "--quiet", "--logging-steps", str(steps), "--learning-rate", "1e-4"]
     args = parser.parse_args(argv + (["--bf16"] if bf16 else []))
     tokenizer = AutoTokenizer.from_pretrained(corpus)
     blocks = load_corpus(corpus)

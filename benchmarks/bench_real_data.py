@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -74,8 +75,6 @@ def prepare_data(args: argparse.Namespace, output: Path) -> dict[str, Path]:
     nq_passages = read_jsonl(data / "nq_open" / "dev_gold_passages.jsonl")
     squad_passages = read_jsonl(data / "squad_v1.1" / "dev_passages.jsonl")
     squad = read_jsonl(data / "squad_v1.1" / "dev_questions.jsonl")
-    import random
-
     random.Random(0).shuffle(squad)
     train, held_out = squad[: args.train_questions], squad[args.train_questions :][: args.squad_questions]
     articles = [{"title": p["title"], "text": p["text"]} for p in nq_passages + squad_passages]
@@ -144,7 +143,7 @@ def plan(args: argparse.Namespace, files: dict[str, Path], corpus: Path, output:
             "train", "ict", "--corpus", str(corpus), "--init", args.model, "--output", str(ict),
             "--max-steps", str(args.ict_steps), "--batch-size", str(args.ict_batch_size),
             "--learning-rate", str(args.ict_learning_rate), "--save-steps", "0", "--seed", str(seed),
-            "--overwrite", "--no-progress", *bf16,
+            "--overwrite", "--quiet", *bf16,
         ], ict / "config.json"))  # fmt: skip
         towers = {"no_realm_pretraining": (ict, Path(args.model), f"s{seed}-ict")}
         for name, (mode, spans) in PRETRAINING.items():
@@ -155,7 +154,7 @@ def plan(args: argparse.Namespace, files: dict[str, Path], corpus: Path, output:
                 "--output", str(target), "--max-steps", str(args.pretrain_steps),
                 "--refresh-every", str(args.refresh_every), "--refresh-mode", mode, *lag, "--spans", spans,
                 "--batch-size", str(args.pretrain_batch_size), "--learning-rate", str(args.pretrain_learning_rate),
-                "--seed", str(seed), "--logging-steps", "50", "--no-progress", *bf16,
+                "--seed", str(seed), "--logging-steps", "50", "--quiet", *bf16,
             ], target / "encoder" / "config.json", [f"s{seed}-ict"]))  # fmt: skip
             towers[name] = (target / "embedder", target / "encoder", f"s{seed}-{name}")
         for name, (embedder, encoder, trained_by) in towers.items():
@@ -172,14 +171,14 @@ def plan(args: argparse.Namespace, files: dict[str, Path], corpus: Path, output:
                 "--batch-size", str(args.finetune_batch_size), "--learning-rate", str(args.finetune_learning_rate),
                 "--searcher-beam-size", str(args.searcher_beam_size), "--reader-beam-size", "5",
                 "--eval-reader-beam-size", str(args.eval_reader_beam_size), "--passage-supervision",
-                "--gold-passages", str(files["gold_passages"]), "--seed", str(seed), "--no-progress", *bf16,
+                "--gold-passages", str(files["gold_passages"]), "--seed", str(seed), "--quiet", *bf16,
             ], finetuned / "config.json", [trained_by]))  # fmt: skip
             for retrieval in ("dense", "bm25") if name == ROWS[0] else ("dense",):
                 result = root / f"exact_match-{name}-{retrieval}.json"
                 jobs.append(Job(f"s{seed}-em-{name}-{retrieval}", cli + [
                     "evaluate", "--model", str(finetuned), "--dataset", str(files["nq"]), "--output", str(result),
                     "--num-blocks", str(args.eval_reader_beam_size), "--recall-k", *map(str, RECALL_KS),
-                    "--retrieval", retrieval, "--device", args.device, "--no-progress",
+                    "--retrieval", retrieval, "--device", args.device, "--quiet",
                 ], result, [f"s{seed}-finetune-{name}"]))  # fmt: skip
     stages = ("ict", "realm", "stale_index", "random_span_masks", "zero_shot", "finetune", "em")
     return sorted(jobs, key=lambda job: stages.index(job.name.split("-")[1]))  # names: s{seed}-{stage}[-{row}...]

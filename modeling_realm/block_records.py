@@ -729,11 +729,12 @@ def convert_legacy_block_records(
             out.write(bytes(min(_CHUNK, 8 * (num_blocks + 2) - start)))
         out.flush()
         fd, count, total = out.fileno(), 0, 0
-        shown = [0]  # bytes the bar shows (with transformers' bars off, `bar` is a stand-in without a count)
+        shown = 0  # bytes the bar shows (with transformers' bars off, `bar` is a stand-in without a count)
 
         def advance(done: int, size: int) -> None:
-            bar.update(done - shown[0])
-            shown[0] = done
+            nonlocal shown
+            bar.update(done - shown)
+            shown = done
 
         try:
             for batch in iter_legacy_block_records(npy_path, progress=advance):

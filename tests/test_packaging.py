@@ -255,3 +255,12 @@ def test_the_package_root_exports_each_name_lazily_and_declares_it_for_type_chec
     declared = {(f".{node.module}", alias.name) for node in block.body for alias in node.names}
     assert declared == {(module, name) for name, module in openrealm._EXPORTS.items()}
     assert all(getattr(openrealm, name) is not None for name in openrealm.__all__)
+
+
+def test_the_package_root_exports_every_public_name_of_the_model_file():
+    # The root's lazy table spells the model file's names out (reading its __all__ would import torch).
+    import openrealm
+    from openrealm import modeling_realm
+
+    exported = {name for name, module in openrealm._EXPORTS.items() if module == ".modeling_realm"}
+    assert exported == set(modeling_realm.__all__)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from transformers import ProgressCallback, Trainer
 from transformers.trainer_callback import PrinterCallback
@@ -22,41 +22,40 @@ from transformers.trainer_callback import PrinterCallback
 def configured(args: argparse.Namespace) -> Iterator[None]:
     """Inside the block, transformers', datasets' and huggingface_hub's logging and progress bars follow the job's
     --quiet/--verbose; after it they are as they were (a job run in-process, e.g. by a test, leaves nothing behind)."""
-    import datasets
-    import huggingface_hub
-    import transformers
-
-    before = (
-        transformers.logging.get_verbosity(),
-        transformers.utils.logging.is_progress_bar_enabled(),
-        datasets.logging.get_verbosity(),
-        datasets.is_progress_bar_enabled(),
-        huggingface_hub.utils.are_progress_bars_disabled(),
-    )
     quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", False)
     level = logging.INFO if verbose else logging.ERROR if quiet else logging.WARNING
-    transformers.logging.set_verbosity(level)
-    datasets.logging.set_verbosity(level)
-    _show_bars(verbose)
+    settings = _library_settings()
+    before = [read() for read, _ in settings]
+    for (_, write), value in zip(settings, (level, level, verbose, verbose, verbose)):
+        write(value)  # the libraries' own bars only when verbose: a job's stage bar is its own
     try:
         yield
     finally:
-        transformers.logging.set_verbosity(before[0])
-        datasets.logging.set_verbosity(before[2])
-        (transformers.logging.enable_progress_bar if before[1] else transformers.logging.disable_progress_bar)()
-        (datasets.enable_progress_bars if before[3] else datasets.disable_progress_bars)()
-        (huggingface_hub.utils.disable_progress_bars if before[4] else huggingface_hub.utils.enable_progress_bars)()
+        for (_, write), value in zip(settings, before):
+            write(value)
 
 
-def _show_bars(show: bool) -> None:
-    """The libraries' own progress bars on or off (a job's stage bar is its own)."""
+def _library_settings() -> list[tuple[Callable[[], object], Callable[[object], None]]]:
+    """(read, write) of each setting --quiet/--verbose change: transformers' and datasets' log levels, then whether
+    transformers', datasets' and huggingface_hub's progress bars show."""
     import datasets
     import huggingface_hub
     import transformers
 
-    (transformers.logging.enable_progress_bar if show else transformers.logging.disable_progress_bar)()
-    (datasets.enable_progress_bars if show else datasets.disable_progress_bars)()
-    (huggingface_hub.utils.enable_progress_bars if show else huggingface_hub.utils.disable_progress_bars)()
+    def switch(enable, disable):
+        return lambda on: (enable if on else disable)()
+
+    hub = huggingface_hub.utils
+    return [
+        (transformers.logging.get_verbosity, transformers.logging.set_verbosity),
+        (datasets.logging.get_verbosity, datasets.logging.set_verbosity),
+        (
+            transformers.utils.logging.is_progress_bar_enabled,
+            switch(transformers.logging.enable_progress_bar, transformers.logging.disable_progress_bar),
+        ),
+        (datasets.is_progress_bar_enabled, switch(datasets.enable_progress_bars, datasets.disable_progress_bars)),
+        (lambda: not hub.are_progress_bars_disabled(), switch(hub.enable_progress_bars, hub.disable_progress_bars)),
+    ]
 
 
 class StageProgress(ProgressCallback):

@@ -230,7 +230,7 @@ class Stages:
             "--save-steps", "0", "--seed", str(self.seed), "--eval-queries", "256", "--logging-steps", "50",
             "--embedding-dropout", "0", "--overwrite",
         ]  # fmt: skip
-        ict.main(argv + ([] if self.progress else ["--no-progress"]))
+        ict.main(argv + ([] if self.progress else ["--quiet"]))
         return self.path("ict")
 
     def initial_tower(self, corpus: Path, tower: str = "encoder") -> Path:
@@ -295,7 +295,7 @@ class Stages:
         ]  # fmt: skip
         if mode == "async":  # each index swapped in exactly refresh_every steps after its snapshot: reproducible
             argv += ["--refresh-lag", str(preset.refresh_every)]
-        args = parser.parse_args(argv + ([] if self.progress else ["--no-progress"]))
+        args = parser.parse_args(argv + ([] if self.progress else ["--quiet"]))
         tokenizer = AutoTokenizer.from_pretrained(corpus)
         blocks = load_corpus(corpus)
         queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=self.seed + 1)
