@@ -251,12 +251,14 @@ def open_qa_model_card(
     corpus: str | None = None,
     datasets: list[str] | None = None,
     license: str = "apache-2.0",
+    with_demo: bool = False,
 ) -> ModelCard:
     """The card of a fine-tuned RealmForOpenQA: `model-index` from `openrealm evaluate` JSONs (exact match, recall@k,
     reader-oracle per dataset), the training corpus (name, blocks) and run, intended use, limitations, citation.
 
     evaluations: dicts read from evaluation JSONs; training_summary: the fine-tuning summary (corpus, max_steps,
-    learning_rate, ...) when known; num_blocks / corpus: the knowledge corpus (block count, folder or dataset name).
+    learning_rate, ...) when known; num_blocks / corpus: the knowledge corpus (block count, folder or dataset name);
+    with_demo: the repository also holds the Gradio app of hub_cards/space_app.py, which the card then explains.
     """
     summary = training_summary or {}
     corpus = corpus or summary.get("corpus")
@@ -293,6 +295,7 @@ def open_qa_model_card(
         'qa("who founded the city?", top_k=1)  # answer, score, block id, title and text of the block read',
         "```",
         "",
+        *(_demo_section(model_name) if with_demo else []),
         "## Training corpus",
         "",
         f"- knowledge corpus: `{corpus_name}` ({_value(corpus)})",
@@ -318,6 +321,24 @@ def open_qa_model_card(
         *closing_sections(INTENDED_USE_QA),
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
+
+
+def _demo_section(model_name: str) -> list[str]:
+    """How to run the repository's Gradio app (written by hub_cards/space_app.py) locally or as a Space."""
+    return [
+        "## Demo",
+        "",
+        "`app.py` is a web page that answers questions and shows the block each answer came from, with the answer "
+        "highlighted, and the other retrieved blocks. Run it locally with",
+        "",
+        "```bash",
+        f"hf download {model_name} app.py openrealm_demo.py requirements.txt --local-dir demo",
+        "cd demo && pip install -r requirements.txt && python app.py",
+        "```",
+        "",
+        "or create a Gradio Space and upload those three files to it.",
+        "",
+    ]
 
 
 __all__ = [

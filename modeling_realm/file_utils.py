@@ -1,4 +1,4 @@
-"""Atomic writes of whole folders: nothing half-written is ever visible under the final name, and what is written
+"""Atomic writes of whole folders and single text files: nothing half-written is ever visible under the final name, and what is written
 gets the permissions the user's umask gives (not the private 0700 / 0600 of tempfile.mkdtemp and some writers)."""
 
 import contextlib
@@ -51,6 +51,23 @@ def apply_umask_modes(path: str | os.PathLike) -> None:
             os.chmod(entry, dir_mode)
         elif stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
             os.chmod(entry, file_mode)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> str:
+    """Write `text` (UTF-8) to `path` through a temporary file beside it, then rename: a reader sees the old file or
+    the whole new one, never a part. The file gets the umask's mode; the parent folder must exist. Returns the path."""
+    path = os.path.abspath(os.fspath(path))
+    handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.chmod(temporary, 0o666 & ~current_umask())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return path
 
 
 def path_within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
@@ -362,4 +379,5 @@ __all__ = [
     "remove_empty_folders",
     "replace_folder",
     "staging_folder",
+    "write_text_atomic",
 ]

@@ -1,12 +1,15 @@
 """`pipeline("question-answering")` for REALM open-QA checkpoints (transformers 5 has no such task any more).
 
     qa = pipeline("question-answering", model="path/or/repo")       # after `import openrealm`
-    qa("Who wrote Hamlet?")                      -> {"answer", "score", "block_id", "title", "text", "retrieval_score"}
-    qa(["q1", "q2"], top_k=3)                   -> one list of answers per question (questions are batched)
+    qa("Who wrote Hamlet?")      -> {"answer", "score", "block_id", "title", "text", "start", "end", "retrieval_score"}
+    qa(["q1", "q2"], top_k=3)   -> one list of answers per question (questions are batched)
+    qa("Who wrote Hamlet?", top_k=3, num_blocks=5, num_retrieved=20, return_blocks=True)
+                                -> {"answers": [3 answers], "blocks": [20 retrieved blocks, best first, 5 "read"]}
     qa("Who wrote it?", context="Hamlet is a tragedy by William Shakespeare.")   -> reads only the given text
 
 `score` is the probability of the (block, span) pair under the reader's joint softmax over every span of every block
-read; answers are cut from the original text (original casing) through the tokenizer's offsets.
+read; answers are cut from the original text (original casing) through the tokenizer's offsets, and `text[start:end]`
+is the answer (`start`/`end` are None in the rare case the span cannot be mapped back to the text).
 """
 
 import numbers
@@ -52,12 +55,29 @@ class RealmQuestionAnsweringPipeline(Pipeline):
     _load_feature_extractor = False
     _load_tokenizer = True
 
-    def _sanitize_parameters(self, top_k=None, context=None, num_blocks=None, max_question_length=None, **kwargs):
+    def _sanitize_parameters(
+        self,
+        top_k=None,
+        context=None,
+        num_blocks=None,
+        max_question_length=None,
+        num_retrieved=None,
+        return_blocks=None,
+        **kwargs,
+    ):
         forward_params = {}
         if top_k is not None:
             forward_params["top_k"] = positive_integer("top_k", top_k, "answers returned per question")
         if num_blocks is not None:
             forward_params["num_blocks"] = positive_integer("num_blocks", num_blocks, "retrieved blocks read")
+        if num_retrieved is not None:
+            forward_params["num_retrieved"] = positive_integer("num_retrieved", num_retrieved, "blocks retrieved")
+        if return_blocks:
+            if context is not None:
+                raise ValueError(
+                    "return_blocks lists the retrieved blocks, but a question with a context retrieves none."
+                )
+            forward_params["return_blocks"] = True
         preprocess_params = {"context": context} if context is not None else {}
         if max_question_length is not None:
             preprocess_params["max_question_length"] = self._check_max_question_length(max_question_length)
@@ -96,7 +116,8 @@ class RealmQuestionAnsweringPipeline(Pipeline):
             model_inputs = self.preprocess(questions[start : start + batch_size], **preprocess_params)
             with torch.inference_mode():
                 results.extend(self._forward(model_inputs, **forward_params))
-        results = [answers[0] if top_k == 1 else answers for answers in results]
+        if not forward_params.get("return_blocks"):
+            results = [answers[0] if top_k == 1 else answers for answers in results]
         return results[0] if single else results
 
     def preprocess(self, questions, context: str | None = None, max_question_length: int | None = None):
@@ -109,7 +130,16 @@ class RealmQuestionAnsweringPipeline(Pipeline):
         encoded = self.tokenizer(questions, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         return {"encoded": encoded, "questions": questions, "context": context}
 
-    def _forward(self, model_inputs, top_k: int = 1, num_blocks: int | None = None):
+    def _forward(
+        self,
+        model_inputs,
+        top_k: int = 1,
+        num_blocks: int | None = None,
+        num_retrieved: int | None = None,
+        return_blocks: bool = False,
+    ):
+        """Per question: its top_k answers, or with return_blocks {"answers": [...], "blocks": [...]}, where blocks
+        are every retrieved block (max(num_retrieved, blocks read) of them, best first), each marked `read` or not."""
         encoded = model_inputs["encoded"].to(self.device)
         if model_inputs["context"] is not None:
             return [
@@ -121,33 +151,61 @@ class RealmQuestionAnsweringPipeline(Pipeline):
             attention_mask=encoded["attention_mask"],
             token_type_ids=encoded.get("token_type_ids"),
             reader_beam_size=num_blocks,
+            searcher_beam_size=num_retrieved,
             output_reader_logits=True,
             return_dict=True,
         )
         num_read = output.reader_input_ids.shape[1]
-        retriever = self.model.retriever
-        answers = []
+        reader_logits = output.reader_output.reader_logits
+        results = []
         for b in range(encoded["input_ids"].shape[0]):
-            block_ids = output.retrieved_block_ids[b, :num_read].tolist()
-            reader_logits = output.reader_output.reader_logits
-            reader_logits = reader_logits[b] if reader_logits.dim() == 3 else reader_logits
-            candidates = self._top_spans(reader_logits, output.reader_input_ids[b], top_k)
-            texts = retriever.block_records.texts([block_ids[r] for r, _, _, _ in candidates])
-            titles = retriever.block_records.titles([block_ids[r] for r, _, _, _ in candidates])
+            logits = reader_logits[b] if reader_logits.dim() == 3 else reader_logits
+            answers = self._answers(output, b, self._top_spans(logits, output.reader_input_ids[b], top_k))
+            results.append(
+                {"answers": answers, "blocks": self._blocks(output, b, num_read)} if return_blocks else answers
+            )
+        return results
+
+    def _answers(self, output, b: int, candidates: list[tuple[int, int, int, float]]) -> list[dict]:
+        """Question b's answers, one per (read block, start, end, probability) candidate."""
+        records = self.model.retriever.block_records
+        block_ids = [output.retrieved_block_ids[b, r].item() for r, _, _, _ in candidates]
+        answers = []
+        for (r, start, end, score), block_id, text, title in zip(
+            candidates, block_ids, records.texts(block_ids), records.titles(block_ids)
+        ):
+            span = self._span_offsets(text, output.reader_input_ids[b, r], start, end)
+            answer = (
+                text[span[0] : span[1]]
+                if span
+                else self.tokenizer.decode(output.reader_input_ids[b, r, start : end + 1])
+            )
             answers.append(
-                [
-                    {
-                        "answer": self._span_text(text, output.reader_input_ids[b, r], start, end),
-                        "score": score,
-                        "block_id": block_ids[r],
-                        "title": title,
-                        "text": text,
-                        "retrieval_score": output.retrieved_logits[b, r].item(),
-                    }
-                    for (r, start, end, score), text, title in zip(candidates, texts, titles)
-                ]
+                {
+                    "answer": answer,
+                    "score": score,
+                    "block_id": block_id,
+                    "title": title,
+                    "text": text,
+                    "start": span[0] if span else None,
+                    "end": span[1] if span else None,
+                    "retrieval_score": output.retrieved_logits[b, r].item(),
+                }
             )
         return answers
+
+    def _blocks(self, output, b: int, num_read: int) -> list[dict]:
+        """Every block retrieved for question b, best first; the first num_read were read."""
+        records = self.model.retriever.block_records
+        block_ids = output.retrieved_block_ids[b].tolist()
+        return [
+            {"block_id": block_id, "title": title, "text": text, "retrieval_score": logit, "read": rank < num_read}
+            for rank, (block_id, title, text, logit) in enumerate(
+                zip(
+                    block_ids, records.titles(block_ids), records.texts(block_ids), output.retrieved_logits[b].tolist()
+                )
+            )
+        ]
 
     def postprocess(self, model_outputs):
         return model_outputs
@@ -171,15 +229,16 @@ class RealmQuestionAnsweringPipeline(Pipeline):
                 break
         return chosen
 
-    def _span_text(self, block_text: str, reader_row: torch.Tensor, start: int, end: int) -> str:
-        """The answer cut from the block's original text: map reader positions to the block's character offsets."""
+    def _span_offsets(self, block_text: str, reader_row: torch.Tensor, start: int, end: int) -> tuple[int, int] | None:
+        """The answer's (start, end) character offsets in the block's original text, mapped from reader positions
+        through the tokenizer's offsets; None if the span lies outside the block's wordpieces."""
         row = reader_row.tolist()
         block_start = row.index(self.tokenizer.sep_token_id) + 1
         offsets = self.tokenizer(block_text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         first, last = start - block_start, end - block_start
         if 0 <= first <= last < len(offsets):
-            return block_text[offsets[first][0] : offsets[last][1]]
-        return self.tokenizer.decode(row[start : end + 1])
+            return offsets[first][0], offsets[last][1]
+        return None
 
     def _read_context(self, encoded, row: int, context: str, top_k: int):
         """Read only the given context (split into reader-sized windows), no retrieval."""

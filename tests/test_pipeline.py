@@ -40,7 +40,7 @@ def test_importing_openrealm_registers_the_question_answering_task(qa):
 
 def test_a_question_gets_an_answer_from_a_retrieved_block_with_provenance(qa):
     result = qa(QUESTIONS[0])
-    assert set(result) == {"answer", "score", "block_id", "title", "text", "retrieval_score"}
+    assert set(result) == {"answer", "score", "block_id", "title", "text", "start", "end", "retrieval_score"}
     assert result["text"] == BLOCK_TEXTS[result["block_id"]]
     assert result["title"] == f"title {result['block_id']}"
     assert result["answer"] and result["answer"] in result["text"]
@@ -75,6 +75,35 @@ def test_top_k_returns_distinct_answers_best_first(qa):
     assert scores == sorted(scores, reverse=True)
     assert len({(a["block_id"], a["answer"]) for a in answers}) == 3
     assert answers[0]["answer"] == qa(QUESTIONS[1])["answer"]
+
+
+def test_start_and_end_locate_each_answer_in_the_text_of_its_block(qa):
+    for answer in qa(QUESTIONS[2], top_k=4, num_blocks=3):
+        assert answer["text"][answer["start"] : answer["end"]] == answer["answer"]
+
+
+def test_return_blocks_lists_every_retrieved_block_best_first_and_marks_those_read(qa):
+    result = qa(QUESTIONS[0], top_k=2, num_blocks=2, num_retrieved=5, return_blocks=True)
+    assert set(result) == {"answers", "blocks"} and len(result["answers"]) == 2
+    blocks = result["blocks"]
+    assert [block["read"] for block in blocks] == [True, True, False, False, False]
+    scores = [block["retrieval_score"] for block in blocks]
+    assert scores == sorted(scores, reverse=True) and len({block["block_id"] for block in blocks}) == 5
+    assert all(block["text"] == BLOCK_TEXTS[block["block_id"]] for block in blocks)
+    read = {block["block_id"]: block["retrieval_score"] for block in blocks[:2]}
+    for answer in result["answers"]:
+        assert answer["retrieval_score"] == pytest.approx(read[answer["block_id"]])
+    assert result["answers"] == qa(QUESTIONS[0], top_k=2, num_blocks=2)
+
+
+def test_return_blocks_lists_at_least_the_blocks_read(qa):
+    result = qa(QUESTIONS[1], num_blocks=3, num_retrieved=1, return_blocks=True)
+    assert [block["read"] for block in result["blocks"]] == [True, True, True]
+
+
+def test_return_blocks_with_a_context_is_refused(qa):
+    with pytest.raises(ValueError, match="a question with a context retrieves none"):
+        qa(QUESTIONS[0], context="The Nile flows through Egypt.", return_blocks=True)
 
 
 def test_more_blocks_can_be_read_per_call(qa):

@@ -174,3 +174,27 @@ def test_results_without_exact_match_are_refused(folder, tmp_path):
     bad.write_text(json.dumps({"recall@5": 1.0}))
     with pytest.raises(ValueError, match="exact_match"):
         push_open_qa_model(folder, "me/x", eval_results=[bad], api=RecordingHfApi())
+
+
+def test_push_with_demo_uploads_a_space_ready_app_and_a_card_that_explains_it(folder, results_file, monkeypatch):
+    api = RecordingHfApi()
+    monkeypatch.setattr("huggingface_hub.HfApi", lambda: api)
+    argv = ["push", "--model", str(folder), "--repo-id", "me/realm-toy", "--eval-results", str(results_file)]
+    try:
+        assert main([*argv, "--with-demo"]) == 0
+    finally:
+        written = {name: (folder / name).read_bytes() for name in ("app.py", "openrealm_demo.py", "requirements.txt")}
+        for name in written:
+            (folder / name).unlink()
+    uploaded = api.uploads["me/realm-toy"]
+    assert {name: uploaded[name] for name in written} == written
+    assert b"build_demo('me/realm-toy')" in uploaded["app.py"]
+    card = uploaded["README.md"].decode()
+    assert "## Demo" in card and "hf download me/realm-toy app.py openrealm_demo.py requirements.txt" in card
+
+
+def test_push_without_demo_uploads_no_app(folder, results_file):
+    api = RecordingHfApi()
+    push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
+    uploaded = api.uploads["me/realm-toy"]
+    assert "app.py" not in uploaded and "## Demo" not in uploaded["README.md"].decode()

@@ -82,6 +82,11 @@ JOBS = {
         "evaluate an open-QA model: exact match, recall@k, reader-oracle (results JSON)",
         "evaluate",
     ),
+    ("demo", None): (
+        "openrealm.trainers.demo",
+        "a local web page that answers questions and shows the block each answer came from (Gradio)",
+        "demo",
+    ),
     ("push", None): (
         "openrealm.trainers.push",
         "upload an open-QA model folder to the Hub with a model card holding its evaluation results",

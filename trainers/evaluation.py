@@ -15,13 +15,13 @@ import os
 import re
 import string
 import sys
-import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 
+from openrealm.file_utils import write_text_atomic
 from openrealm.tokenization.corpus import iter_jsonl, json_type
 from openrealm.trainers.options import DEFAULT_RECALL_KS
 from openrealm.trainers.options import evaluate as evaluate_options
@@ -380,16 +380,7 @@ def write_results(results: dict, path: str | os.PathLike) -> Path:
     """Write results as JSON atomically (temporary file in the same folder, then rename)."""
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(results, file, indent=2, ensure_ascii=False)
-            file.write("\n")
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     return path
 
 

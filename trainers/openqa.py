@@ -41,6 +41,7 @@ import torch
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
+from openrealm.file_utils import write_text_atomic
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
 from openrealm.trainers.ict import google_warmup_steps
@@ -430,12 +431,6 @@ def save_finetuned(model: RealmForOpenQA, output_dir: Path, summary: dict, dev_r
     )
     write_text_atomic(output_dir / "README.md", str(card))
     write_text_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    staging.write_text(text, encoding="utf-8")
-    os.replace(staging, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

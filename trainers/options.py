@@ -31,6 +31,8 @@ DEFAULT_RECALL_KS = (1, 5, 10, 20)
 MAX_BLOCK_LENGTH = 288  # wordpieces per block (Google) = tokenization.corpus.MAX_BLOCK_LENGTH
 INDEX_TYPES = ("exact", "flat", "ivf", "hnsw", "ivfpq", "pq")  # = modeling_realm.index_realm.INDEX_TYPES
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # autocast dtypes of index build (torch.<name>)
+# demo
+DEMO_NUM_RETRIEVED = 10  # blocks listed per question = trainers.demo.NUM_RETRIEVED (a file that imports no openrealm)
 
 
 def positive_int(text: str) -> int:
@@ -399,6 +401,27 @@ def evaluate(parser: argparse.ArgumentParser) -> None:
     output_options(parser)
 
 
+def demo(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm demo`."""
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="RealmForOpenQA folder, Hub repo id, or a quickstart output folder (its REALM model and test questions)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: reachable from others)")
+    parser.add_argument("--port", type=positive_int, default=7860, help="port to serve on")
+    parser.add_argument("--share", action="store_true", help="also open a temporary public gradio.live link")
+    parser.add_argument(
+        "--num-retrieved",
+        type=positive_int,
+        default=DEMO_NUM_RETRIEVED,
+        help="blocks listed per question (at least those read)",
+    )
+    parser.add_argument("--example", action="append", default=None, help="an example question (repeatable)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    output_options(parser)
+
+
 def push(parser: argparse.ArgumentParser) -> None:
     """Flags of `openrealm push`."""
     parser.add_argument("--model", required=True, help="RealmForOpenQA folder (weights, tokenizer, corpus, index)")
@@ -410,4 +433,9 @@ def push(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", default=None, help="knowledge corpus folder or name, for the card")
     parser.add_argument("--datasets", nargs="*", default=None, help="Hub dataset ids to list in the card metadata")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument(
+        "--with-demo",
+        action="store_true",
+        help="also add a Space-ready Gradio app (app.py, openrealm_demo.py, requirements.txt) to the folder",
+    )
     output_options(parser)

@@ -2,7 +2,7 @@
 Hub with a model card whose metadata carries the evaluation results (`model-index`), the corpus and the citation.
 
     openrealm push --model DIR --repo-id ID [--eval-results FILE.json ...] [--private]
-                   [--training-summary FILE.json] [--corpus NAME] [--datasets ID ...]
+                   [--training-summary FILE.json] [--corpus NAME] [--datasets ID ...] [--with-demo]
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from openrealm.file_utils import write_text_atomic
 from openrealm.hub_cards.model_card import open_qa_model_card
+from openrealm.hub_cards.space_app import write_space_app
 from openrealm.trainers.evaluation import read_results
 from openrealm.trainers.options import push as push_options
 
@@ -47,17 +48,7 @@ def check_open_qa_folder(folder: str | os.PathLike) -> dict:
 
 def write_model_card(folder: str | os.PathLike, card) -> Path:
     """Write FOLDER/README.md atomically (temporary file beside it, then rename)."""
-    path = Path(folder) / "README.md"
-    handle, temporary = tempfile.mkstemp(prefix=".README.md-", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(str(card))
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return Path(write_text_atomic(Path(folder) / "README.md", str(card)))
 
 
 def push_open_qa_model(
@@ -69,10 +60,12 @@ def push_open_qa_model(
     corpus: str | None = None,
     datasets: Sequence[str] | None = None,
     private: bool = False,
+    with_demo: bool = False,
     api=None,
 ) -> str:
-    """Write the model card into FOLDER/README.md (model-index from the evaluation JSONs) and upload the folder to
-    `repo_id` (created if needed). Returns what `upload_folder` returns (the commit URL)."""
+    """Write the model card into FOLDER/README.md (model-index from the evaluation JSONs) and, with `with_demo`, a
+    Space-ready Gradio app (hub_cards/space_app.py); upload the folder to `repo_id` (created if needed). Returns what
+    `upload_folder` returns (the commit URL)."""
     from huggingface_hub import HfApi
 
     config = check_open_qa_folder(folder)
@@ -85,7 +78,10 @@ def push_open_qa_model(
         num_blocks=config.get("num_block_records"),
         corpus=corpus,
         datasets=list(datasets) if datasets else None,
+        with_demo=with_demo,
     )
+    if with_demo:
+        write_space_app(folder, repo_id)
     write_model_card(folder, card)
     api = api or HfApi()
     api.create_repo(repo_id, private=private, exist_ok=True)
@@ -107,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         corpus=args.corpus,
         datasets=args.datasets,
         private=args.private,
+        with_demo=args.with_demo,
     )
     print(f"Pushed {args.model} to {args.repo_id}: {url}")
     return 0

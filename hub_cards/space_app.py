@@ -1,0 +1,64 @@
+"""A Space-ready Gradio app for a REALM open-QA checkpoint (`openrealm push --with-demo`).
+
+Three files go into the model folder, and from there to the Hub with it:
+
+    app.py             builds the page of `openrealm demo` for the repo id and launches it
+    openrealm_demo.py  that page: a verbatim copy of openrealm/trainers/demo.py, which imports nothing from openrealm
+    requirements.txt   torch, transformers, gradio, safetensors, numpy (and faiss-cpu for a faiss index)
+
+In a Gradio Space holding these files the model runs as the checkpoint's own custom code (`trust_remote_code`), so the
+Space needs no openrealm package; `python app.py` beside them does the same on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+from openrealm.file_utils import write_text_atomic
+from openrealm.index_realm import INDEX_CONFIG_NAME
+from openrealm.retrieval_realm import BLOCK_INDEX_DIR
+
+APP_FILES = ("app.py", "openrealm_demo.py", "requirements.txt")
+REQUIREMENTS = ["torch>=2.2", "transformers>=5.0,<6", "gradio>=5", "safetensors>=0.4.3", "numpy>=1.24"]
+
+APP_TEMPLATE = '''"""Ask {model_id} questions and see the block each answer came from (a Gradio app, ready for a Hugging Face Space).
+
+Run it with `pip install -r requirements.txt && python app.py`, or create a Gradio Space and upload app.py,
+openrealm_demo.py and requirements.txt. Written by `openrealm push --with-demo`.
+"""
+
+from openrealm_demo import build_demo
+
+demo = build_demo({model_id!r})
+demo.queue()
+
+if __name__ == "__main__":
+    demo.launch()
+'''
+
+
+def space_requirements(folder: str | os.PathLike) -> list[str]:
+    """The Space's pip requirements; faiss-cpu only when the folder's index is a faiss index."""
+    metadata = Path(folder) / BLOCK_INDEX_DIR / INDEX_CONFIG_NAME
+    index_type = json.loads(metadata.read_text()).get("index_type", "exact") if metadata.is_file() else "exact"
+    return [*REQUIREMENTS, *(["faiss-cpu>=1.8"] if index_type != "exact" else [])]
+
+
+def write_space_app(folder: str | os.PathLike, model_id: str) -> list[Path]:
+    """Write app.py, openrealm_demo.py and requirements.txt into `folder` (each atomically) for the checkpoint
+    `model_id` (a Hub repo id, or a path the app can load). Returns the paths written."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"No model folder {folder}")
+    contents = {
+        "app.py": APP_TEMPLATE.format(model_id=model_id),
+        "openrealm_demo.py": resources.files("openrealm.trainers").joinpath("demo.py").read_text(encoding="utf-8"),
+        "requirements.txt": "\n".join(space_requirements(folder)) + "\n",
+    }
+    return [Path(write_text_atomic(folder / name, text)) for name, text in contents.items()]
+
+
+__all__ = ["APP_FILES", "space_requirements", "write_space_app"]
