@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from conftest import make_openqa_model
+from tqdm import tqdm
 
 from openrealm import RealmForOpenQA, file_utils
 from openrealm.file_utils import clean_leftovers, exchange_paths, replace_folder, staging_folder
@@ -63,6 +64,9 @@ def test_exchange_paths_swaps_two_folders_in_one_step(tmp_path):
 
 
 def _save(model, folder) -> None:
+    # A forked writer shares tqdm's write lock with this process: killed while it holds it (drawing the "Writing model
+    # shards" bar), it would leave every later bar here waiting forever. Its own lock keeps the kill to the save.
+    tqdm.set_lock(multiprocessing.RLock())
     model.save_pretrained(folder)
 
 
