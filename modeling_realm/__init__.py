@@ -133,8 +133,12 @@ def register_with_transformers() -> None:
 
 def _is_the_command_line() -> bool:
     """This process is the `openrealm` command (the console script or `python -m openrealm`): it registers REALM
-    itself once a command runs (trainers/cli.py), so that `openrealm --help` starts without torch."""
+    itself once a command runs (trainers/cli.py), so that `openrealm --help` starts without torch. A spawned
+    multiprocessing child of the command (the quickstart's parallel stages) inherits its sys.argv but runs no command:
+    its own command line (`python -c ... --multiprocessing-fork`) tells it apart, and it registers on import."""
     argv = getattr(sys, "orig_argv", sys.argv)
+    if "--multiprocessing-fork" in argv:
+        return False
     console_script = os.path.basename(sys.argv[0]) in ("openrealm", "openrealm.exe")
     return console_script or any(a == "-m" and b == "openrealm" for a, b in zip(argv, argv[1:]))
 

@@ -1,5 +1,6 @@
-"""Atomic writes of whole folders and single text files: nothing half-written is ever visible under the final name, and what is written
-gets the permissions the user's umask gives (not the private 0700 / 0600 of tempfile.mkdtemp and some writers)."""
+"""Atomic writes of whole folders and of single text files: nothing half-written is ever visible under the final name,
+and what is written gets the permissions the user's umask gives (not the private 0700 / 0600 of tempfile.mkdtemp and
+some writers)."""
 
 import contextlib
 import ctypes
@@ -55,12 +56,15 @@ def apply_umask_modes(path: str | os.PathLike) -> None:
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> str:
     """Write `text` (UTF-8) to `path` through a temporary file beside it, then rename: a reader sees the old file or
-    the whole new one, never a part. The file gets the umask's mode; the parent folder must exist. Returns the path."""
+    the whole new one, never a part, even after a power cut (flushed to disk before the rename). The file gets the
+    umask's mode; the parent folder must exist. Returns the path."""
     path = os.path.abspath(os.fspath(path))
     handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}-", dir=os.path.dirname(path))
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
         os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
     except BaseException:

@@ -186,3 +186,30 @@ def test_without_one_step_exchange_the_old_folder_is_renamed_aside_and_removed(t
     assert (destination / "state.json").read_text() == "new"
     assert sorted(path.name for path in tmp_path.iterdir()) == [".staging", "checkpoint-5"]
     assert not staging.exists()
+
+
+def test_write_text_atomic_replaces_the_file_whole_with_the_umask_mode(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text("old")
+    mask = os.umask(0o027)
+    try:
+        file_utils.write_text_atomic(path, "néw\n")
+    finally:
+        os.umask(mask)
+    assert path.read_text(encoding="utf-8") == "néw\n"
+    assert oct(path.stat().st_mode & 0o777) == oct(0o640)
+    assert [entry.name for entry in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_a_failed_text_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "README.md"
+    path.write_text("old card")
+
+    def failing_replace(source, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(file_utils.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        file_utils.write_text_atomic(path, "new card")
+    assert path.read_text() == "old card"
+    assert [entry.name for entry in tmp_path.iterdir()] == ["README.md"]

@@ -72,6 +72,39 @@ def test_every_job_help_imports_neither_torch_transformers_nor_datasets(job):
     assert not HEAVY & modules_imported_by(*job, "--help")
 
 
+SPAWNING_COMMAND = """
+import multiprocessing
+
+
+def child_knows_realm():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    import openrealm  # noqa: F401 - already imported while the child unpickled this module
+
+    return "realm" in CONFIG_MAPPING
+
+
+if __name__ == "__main__":
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    import openrealm  # noqa: F401
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print("realm" in CONFIG_MAPPING, pool.apply(child_knows_realm))
+"""
+
+
+def test_a_spawned_child_of_the_command_line_registers_realm_on_import(tmp_path):
+    # A script named `openrealm` (as the console script is) defers registration to its command; its spawned children
+    # (the quickstart's parallel stages) inherit that sys.argv but run no command, so they must register on import:
+    # without it, each loaded the corpus tokenizer through a trust_remote_code prompt and hung.
+    script = tmp_path / "openrealm"
+    script.write_text(SPAWNING_COMMAND)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "True"]
+
+
 def test_the_command_line_registers_realm_before_a_command_runs(tmp_path):
     # `python -m openrealm` defers the package root's registration with transformers to the command: the
     # question-answering pipeline must still exist when `ask` runs.

@@ -67,7 +67,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
-from openrealm.file_utils import atomic_directory, replace_folder
+from openrealm.file_utils import atomic_directory, replace_folder, write_text_atomic
 from openrealm.hub_cards.model_card import realm_model_card
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config
 from openrealm.tokenization.masking import SalientSpanCollator
@@ -384,15 +384,6 @@ def save_towers(model: RealmPretrainingModel, tokenizer, folder: Path, skip: tup
         tokenizer.save_pretrained(folder / name)
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    staging = path.with_name(f".{path.name}.tmp")
-    with open(staging, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staging, path)
-
-
 def checkpoint_extras(trainer: RealmPretrainingTrainer, tokenizer) -> Callable[[Path], None]:
     """The writer of a checkpoint's REALM folders: towers, tokenizer, query embedder snapshot, refresh_state.json."""
 
@@ -402,9 +393,8 @@ def checkpoint_extras(trainer: RealmPretrainingTrainer, tokenizer) -> Callable[[
         tokenizer.save_pretrained(folder)
         refresh = trainer.refresh
         refresh.examples.query_embedder.save_pretrained(folder / QUERY_EMBEDDER_DIR)
-        write_json_atomic(
-            folder / REFRESH_STATE_NAME, {**refresh.checkpoint_state(), "step": trainer.state.global_step}
-        )
+        state = {**refresh.checkpoint_state(), "step": trainer.state.global_step}
+        write_text_atomic(folder / REFRESH_STATE_NAME, json.dumps(state, indent=2) + "\n")
 
     return write
 
@@ -716,7 +706,7 @@ def write_rank_record(trainer: RealmPretrainingTrainer, output: str | os.PathLik
         "index_rows": int(refresh.examples.index.block_emb.shape[0]),  # this process's rows: num_blocks / N if sharded
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    write_json_atomic(path, record)
+    write_text_atomic(path, json.dumps(record, indent=2) + "\n")
     return path
 
 
