@@ -70,6 +70,15 @@ def test_ask_shows_each_answer_in_its_block_and_the_other_retrieved_blocks(qa):
     assert blocks_page.count("retrieved, not read") == 3
 
 
+def test_a_4x_folder_answers_and_its_untitled_blocks_say_so():
+    # the 4.57 port's layout: pytorch_model.bin and block_records.npy of texts without titles
+    qa = demo.load_question_answerer(str(Path(__file__).parent / "reference" / "fixtures" / "openqa_hub"))
+    answers_page, blocks_page = demo.ask(qa, "where is paris ?", top_k=2, num_blocks=2, num_retrieved=4)
+    assert answers_page.count('<b class="realm-title"><i>untitled</i></b>') == 2
+    assert blocks_page.count("<b><i>untitled</i></b>") == blocks_page.count('class="realm-retrieved"') > 0
+    assert answers_page.count("<mark ") == 2
+
+
 @pytest.mark.parametrize("question", ["", "  "])
 def test_ask_refuses_an_empty_question(qa, question):
     with pytest.raises(ValueError, match="Type a question"):

@@ -68,6 +68,11 @@ def highlight(text: str, start: int | None, end: int | None) -> str:
     return f'{before}<mark style="{MARK_STYLE}">{answer}</mark>{after}'
 
 
+def title_html(title: str) -> str:
+    """A block's title, escaped; blocks of 4.x corpora have none."""
+    return html.escape(title) if title else "<i>untitled</i>"
+
+
 def answers_html(answers: list[dict]) -> str:
     """One card per answer: the answer and its probability, then the block it was read from (title, block id,
     retrieval score) with the answer highlighted in the block's text."""
@@ -80,7 +85,7 @@ def answers_html(answers: list[dict]) -> str:
             f'<div><b>{rank}.</b> <span class="realm-answer-text" style="font-size:1.2em;font-weight:600">'
             f"{html.escape(answer['answer'])}</span> "
             f'<span style="{META_STYLE}">probability {answer["score"]:.1%}</span></div>'
-            f'<div style="{META_STYLE}">from <b class="realm-title">{html.escape(answer["title"])}</b> '
+            f'<div style="{META_STYLE}">from <b class="realm-title">{title_html(answer["title"])}</b> '
             f"(block {answer['block_id']}, retrieval score {answer['retrieval_score']:.2f})</div>"
             f'<p class="realm-block">{highlight(answer["text"], answer["start"], answer["end"])}</p>'
             "</div>"
@@ -99,7 +104,7 @@ def blocks_html(blocks: list[dict], answers: list[dict]) -> str:
         status = "read" if block["read"] else "retrieved, not read"
         rows.append(
             f'<div class="realm-retrieved" style="{CARD_STYLE}">'
-            f"<div><b>#{rank}</b> <b>{html.escape(block['title'])}</b> "
+            f"<div><b>#{rank}</b> <b>{title_html(block['title'])}</b> "
             f'<span style="{META_STYLE}">block {block["block_id"]}, retrieval score '
             f"{block['retrieval_score']:.2f}, {status}</span></div>"
             f"<p>{html.escape(block['text'])}</p></div>"
