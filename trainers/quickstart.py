@@ -102,7 +102,7 @@ WORLD = {
     "num_regions": 3,
 }
 
-# about 8 minutes on 2 CPU cores (473 s of stages measured, seed 0; README "The quickstart")
+# 8-10 minutes on 2 CPU cores (473 s and 551 s of stages measured, seed 0; README "Two commands")
 DEFAULT = Preset(
     world=WORLD,
     vocab_size=1000,
