@@ -198,3 +198,19 @@ def test_push_without_demo_uploads_no_app(folder, results_file):
     push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
     uploaded = api.uploads["me/realm-toy"]
     assert "app.py" not in uploaded and "## Demo" not in uploaded["README.md"].decode()
+
+
+def test_without_eval_results_the_card_keeps_the_folders_own_dev_results_and_training_summary(folder, results_file):
+    dev = json.loads(results_file.read_text()) | {"dataset": "dev.jsonl", "dataset_name": "toy-dev", "split": "dev"}
+    (folder / "dev_results.json").write_text(json.dumps(dev))
+    (folder / "openqa_training.json").write_text(json.dumps({"max_steps": 123, "train": "toy-train"}))
+    api = RecordingHfApi()
+    try:
+        push_open_qa_model(folder, "me/realm-toy", api=api)
+    finally:
+        (folder / "dev_results.json").unlink()
+        (folder / "openqa_training.json").unlink()
+    card = api.uploads["me/realm-toy"]["README.md"].decode()
+    (entry,) = card_metadata(card)["model-index"]
+    assert [result["dataset"]["name"] for result in entry["results"]] == ["toy-dev"]
+    assert "steps: 123" in card and "training data: toy-train" in card

@@ -22,6 +22,10 @@ from openrealm.trainers.options import push as push_options
 
 # What a folder must hold to answer questions on its own (RealmForOpenQA.save_pretrained with a retriever).
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "block_records.safetensors")
+# What `openrealm train openqa` leaves in its folder (trainers/openqa.py: DEV_RESULTS_NAME, SUMMARY_NAME): the card's
+# evaluation results and training facts when the push names none, so that a push does not drop them from the card.
+FOLDER_DEV_RESULTS = "dev_results.json"
+FOLDER_TRAINING_SUMMARY = "openqa_training.json"
 # Never uploaded: hidden files (temporaries of atomic writes) and training checkpoints.
 IGNORE_PATTERNS = [".*", "**/.*", "checkpoint-*", "checkpoint-*/**"]
 
@@ -65,10 +69,15 @@ def push_open_qa_model(
 ) -> str:
     """Write the model card into FOLDER/README.md (model-index from the evaluation JSONs) and, with `with_demo`, a
     Space-ready Gradio app (hub_cards/space_app.py); upload the folder to `repo_id` (created if needed). Returns what
-    `upload_folder` returns (the commit URL)."""
+    `upload_folder` returns (the commit URL). Without eval_results / training_summary, the folder's own dev results
+    and fine-tuning summary (written by `openrealm train openqa`) are used when present."""
     from huggingface_hub import HfApi
 
     config = check_open_qa_folder(folder)
+    if not eval_results and (Path(folder) / FOLDER_DEV_RESULTS).is_file():
+        eval_results = [Path(folder) / FOLDER_DEV_RESULTS]
+    if training_summary is None and (Path(folder) / FOLDER_TRAINING_SUMMARY).is_file():
+        training_summary = Path(folder) / FOLDER_TRAINING_SUMMARY
     evaluations = [read_results(path) for path in eval_results]
     summary = json.loads(Path(training_summary).read_text()) if training_summary else None
     card = open_qa_model_card(
