@@ -2,7 +2,7 @@
 
 from openrealm import index_realm
 from openrealm.tokenization import corpus, masking
-from openrealm.trainers import demo, index_builder, openqa, options, pretraining, push, refresh
+from openrealm.trainers import demo, index_builder, options, pretraining, refresh
 
 
 def test_the_spelled_out_defaults_equal_the_constants_of_the_modules_that_use_them():
@@ -11,7 +11,6 @@ def test_the_spelled_out_defaults_equal_the_constants_of_the_modules_that_use_th
     assert options.MAX_BLOCK_LENGTH == corpus.MAX_BLOCK_LENGTH
     assert tuple(index_builder.DTYPES) == options.DTYPE_NAMES
     assert options.DEMO_NUM_RETRIEVED == demo.NUM_RETRIEVED
-    assert (push.FOLDER_DEV_RESULTS, push.FOLDER_TRAINING_SUMMARY) == (openqa.DEV_RESULTS_NAME, openqa.SUMMARY_NAME)
 
 
 def test_the_jobs_use_the_option_defaults():

@@ -51,7 +51,9 @@ from openrealm.trainers.options import (
     READER_BEAM_SIZE,
     SEARCHER_BEAM_SIZE,
 )
+from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME as DEV_RESULTS_NAME
 from openrealm.trainers.options import OPENQA_LEARNING_RATE as LEARNING_RATE
+from openrealm.trainers.options import OPENQA_SUMMARY_NAME as SUMMARY_NAME
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.towers import (
     check_corpus_ids,
@@ -60,10 +62,6 @@ from openrealm.trainers.towers import (
     load_embedder,
     load_encoder,
 )
-
-SUMMARY_NAME = "openqa_training.json"
-DEV_RESULTS_NAME = "dev_results.json"
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The model from pre-trained towers

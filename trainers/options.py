@@ -25,6 +25,9 @@ READER_BEAM_SIZE = 5  # ORQA: blocks read in training
 EVAL_READER_BEAM_SIZE = 100  # REALM++: blocks read at inference
 OPENQA_LEARNING_RATE = 1e-5
 MIN_PASSAGE_OVERLAP = 0.5  # REALM++: a retrieved block with >= 50% of the gold passage's words is gold
+# what `train openqa` writes beside the model, and `push` and the quickstart read back for the model card
+OPENQA_SUMMARY_NAME = "openqa_training.json"
+OPENQA_DEV_RESULTS_NAME = "dev_results.json"
 # evaluate
 DEFAULT_RECALL_KS = (1, 5, 10, 20)
 # corpus build, index build

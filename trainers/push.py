@@ -18,14 +18,11 @@ from openrealm.file_utils import write_text_atomic
 from openrealm.hub_cards.model_card import open_qa_model_card
 from openrealm.hub_cards.space_app import write_space_app
 from openrealm.trainers.evaluation import read_results
+from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME, OPENQA_SUMMARY_NAME
 from openrealm.trainers.options import push as push_options
 
 # What a folder must hold to answer questions on its own (RealmForOpenQA.save_pretrained with a retriever).
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "block_records.safetensors")
-# What `openrealm train openqa` leaves in its folder (trainers/openqa.py: DEV_RESULTS_NAME, SUMMARY_NAME): the card's
-# evaluation results and training facts when the push names none, so that a push does not drop them from the card.
-FOLDER_DEV_RESULTS = "dev_results.json"
-FOLDER_TRAINING_SUMMARY = "openqa_training.json"
 # Never uploaded: hidden files (temporaries of atomic writes) and training checkpoints.
 IGNORE_PATTERNS = [".*", "**/.*", "checkpoint-*", "checkpoint-*/**"]
 
@@ -74,10 +71,11 @@ def push_open_qa_model(
     from huggingface_hub import HfApi
 
     config = check_open_qa_folder(folder)
-    if not eval_results and (Path(folder) / FOLDER_DEV_RESULTS).is_file():
-        eval_results = [Path(folder) / FOLDER_DEV_RESULTS]
-    if training_summary is None and (Path(folder) / FOLDER_TRAINING_SUMMARY).is_file():
-        training_summary = Path(folder) / FOLDER_TRAINING_SUMMARY
+    # what `openrealm train openqa` left in the folder, so that a push does not drop it from the card
+    if not eval_results and (Path(folder) / OPENQA_DEV_RESULTS_NAME).is_file():
+        eval_results = [Path(folder) / OPENQA_DEV_RESULTS_NAME]
+    if training_summary is None and (Path(folder) / OPENQA_SUMMARY_NAME).is_file():
+        training_summary = Path(folder) / OPENQA_SUMMARY_NAME
     evaluations = [read_results(path) for path in eval_results]
     summary = json.loads(Path(training_summary).read_text()) if training_summary else None
     card = open_qa_model_card(

@@ -377,9 +377,9 @@ class Stages:
         from openrealm.trainers.push import write_model_card
 
         evaluations = [read_results(evaluation_json)]
-        if (folder / "dev_results.json").is_file():
-            evaluations.insert(0, read_results(folder / "dev_results.json"))
-        summary = json.loads((folder / "openqa_training.json").read_text())
+        if (folder / options.OPENQA_DEV_RESULTS_NAME).is_file():
+            evaluations.insert(0, read_results(folder / options.OPENQA_DEV_RESULTS_NAME))
+        summary = json.loads((folder / options.OPENQA_SUMMARY_NAME).read_text())
         card = open_qa_model_card(evaluations, model_name=folder.name, training_summary=summary, corpus=None)
         write_model_card(folder, card)
 
