@@ -9,7 +9,8 @@ Corpus: `openrealm world` (the generated world: fictional people, organisations,
 articles, its subject's and its value's or a chronicle's), `openrealm corpus build` with its defaults (288-wordpiece
 blocks, regex salient spans: dates) and MiniLM's vocabulary. Per seed: `train ict --max-steps N --seed S` and `train
 pretrain --max-steps M --refresh-every R --seed S` (asynchronous refresh), nothing else set unless --ict-args /
---pretrain-args say so. Measure: 256 fixed masked queries (one per sampled block, a salient span masked, drawn once
+--pretrain-args say so. With --mlm-steps N, `train mlm --max-steps N` of MiniLM on the corpus first (MiniLM has no
+trained MLM head), the encoder pre-training starts from. Measure: 256 fixed masked queries (one per sampled block, a salient span masked, drawn once
 from seed 1000); recall@8 = a query's top 8 blocks (its own block excluded) of a fresh exact index of the embedder hold
 another block whose text contains the masked span. Writes OUTPUT/results.json (per seed, mean and spread, the time
 each stage took) and prints a markdown table.
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ict-steps", type=int, default=300)
     parser.add_argument("--pretrain-steps", type=int, default=300)
     parser.add_argument("--refresh-every", type=int, default=50)
+    parser.add_argument("--mlm-steps", type=int, default=0, help="`train mlm` steps of the encoder first (0: none)")
+    parser.add_argument("--mlm-args", default="", help="more `train mlm` options (default: none)")
     parser.add_argument("--ict-args", default="", help="more `train ict` options (default: none)")
     parser.add_argument("--pretrain-args", default="", help="more `train pretrain` options (default: none)")
     parser.add_argument("--parallel", type=int, default=1, help="CLI processes at once")
@@ -76,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         Job("corpus", cli + ["corpus", "build", "--input", str(world / "articles.jsonl"), "--output", str(corpus),
                              "--tokenizer", args.model], corpus / "corpus_config.json", ["world"]),
     ]  # fmt: skip
+    encoder, mlm_job = args.model, []
+    if args.mlm_steps:  # BERT's stage first: MiniLM has no trained MLM head (`openrealm train mlm`, its defaults)
+        encoder, mlm_job = str(output / "mlm"), ["mlm"]
+        jobs.append(Job("mlm", cli + [
+            "train", "mlm", "--corpus", str(corpus), "--init", args.model, "--output", encoder,
+            "--max-steps", str(args.mlm_steps), "--overwrite", *shlex.split(args.mlm_args),
+        ], Path(encoder) / "config.json", ["corpus"]))  # fmt: skip
     for seed in args.seeds:
         ict, pretrained = output / f"seed{seed}" / "ict", output / f"seed{seed}" / "pretrain"
         jobs.append(Job(f"s{seed}-ict", cli + [
@@ -83,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             "--max-steps", str(args.ict_steps), "--seed", str(seed), *shlex.split(args.ict_args),
         ], ict / "config.json", ["corpus"]))  # fmt: skip
         jobs.append(Job(f"s{seed}-pretrain", cli + [
-            "train", "pretrain", "--corpus", str(corpus), "--embedder", str(ict), "--encoder", args.model,
+            "train", "pretrain", "--corpus", str(corpus), "--embedder", str(ict), "--encoder", encoder,
             "--output", str(pretrained), "--max-steps", str(args.pretrain_steps),
             "--refresh-every", str(args.refresh_every), "--seed", str(seed), *shlex.split(args.pretrain_args),
-        ], pretrained / "encoder" / "config.json", [f"s{seed}-ict"]))  # fmt: skip
+        ], pretrained / "encoder" / "config.json", [f"s{seed}-ict", *mlm_job]))  # fmt: skip
     state = run_jobs(jobs, output, args.parallel, timings)
     per_seed = {}
     for seed in args.seeds:

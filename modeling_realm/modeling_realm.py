@@ -408,6 +408,8 @@ class RealmPreTrainedModel(PreTrainedModel):
         new, unused = _EXPECTED_LOAD_CHANGES.get()
         if new:
             expected = re.compile("|".join(new))
+            # kept on the model: a caller can tell which heads start untrained (towers: an encoder without MLM head)
+            self.started_fresh_keys = sorted(key for key in loading_info.missing_keys if expected.search(key))
             loading_info.missing_keys = {key for key in loading_info.missing_keys if not expected.search(key)}
         if unused:
             expected = re.compile("|".join(unused))

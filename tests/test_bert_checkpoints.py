@@ -82,6 +82,22 @@ def test_starting_from_bert_prints_no_load_report_for_the_new_heads(model_class,
     assert "LOAD REPORT" not in caplog.text and "corrupted" not in caplog.text
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_encoder_from_a_bert_without_mlm_head_warns_that_it_cannot_read_yet(layout, tmp_path, caplog):
+    bert_checkpoint(tmp_path / "bert", layout)
+    with caplog.at_level(logging.WARNING):
+        towers.load_encoder(str(tmp_path / "bert"))
+    headless = layout in ("bare", "mlm_no_head")  # a sentence-transformers folder; `bert.*` keys alone
+    assert ("has no masked-LM head" in caplog.text) is headless
+    if headless:
+        assert f"openrealm train mlm --corpus CORPUS --init {tmp_path / 'bert'}" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        towers.load_encoder(str(tmp_path / "bert"), warn_untrained_head=False)
+        towers.load_embedder(str(tmp_path / "bert"))  # the retriever has no MLM head to miss
+    assert "masked-LM head" not in caplog.text
+
+
 def test_a_bert_key_that_nothing_expects_stays_in_the_load_report(tmp_path, caplog):
     torch.manual_seed(0)
     model = BertForMaskedLM(BERT)

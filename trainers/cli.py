@@ -62,6 +62,11 @@ JOBS = {
         "corpus_update",
     ),
     ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)", "train_ict"),
+    ("train", "mlm"): (
+        "openrealm.trainers.masked_lm",
+        "masked-LM training of the encoder on the corpus (BERT's objective; a checkpoint without an MLM head needs it)",
+        "train_mlm",
+    ),
     ("train", "pretrain"): (
         "openrealm.trainers.pretrain",
         "REALM pre-training with an index refreshed while it trains (1 CPU or N GPUs)",

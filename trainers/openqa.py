@@ -116,7 +116,7 @@ def openqa_model_from_pretraining(
     if not isinstance(embedder, torch.nn.Module):
         embedder = load_embedder(embedder)
     if not isinstance(encoder, torch.nn.Module):
-        encoder = load_encoder(encoder)
+        encoder = load_encoder(encoder, warn_untrained_head=False)  # the reader uses no MLM head
     check_same_architecture(embedder, encoder)
     index = embed_corpus(embedder, corpus) if index is None else load_block_index(index)
     if index.dim != embedder.config.retriever_proj_size:

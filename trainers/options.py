@@ -226,6 +226,45 @@ def train_ict(parser: argparse.ArgumentParser) -> None:
     output_options(parser)
 
 
+def train_mlm(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm train mlm`."""
+    parser.add_argument("--corpus", required=True, help="knowledge-corpus folder (openrealm corpus build)")
+    parser.add_argument(
+        "--init",
+        required=True,
+        help="BERT checkpoint (e.g. sentence-transformers/all-MiniLM-L6-v2, whose MLM head is missing), a REALM "
+        "encoder folder, or 'random' (sized by --config-overrides)",
+    )
+    parser.add_argument("--output", required=True, help="folder for the trained RealmKnowledgeAugEncoder + tokenizer")
+    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="blocks per step and process (default 32)")
+    parser.add_argument("--learning-rate", type=float, default=5e-5, help="peak AdamW lr (default 5e-5)")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
+    parser.add_argument(
+        "--max-seq-len", type=int, default=None, help="wordpieces per block (default 288, or what the model reads)"
+    )
+    parser.add_argument(
+        "--eval-blocks", type=int, default=256, help="blocks scored before and after training (default 256; 0 = none)"
+    )
+    parser.add_argument("--config-overrides", default=None, help="RealmConfig fields k=v,... (for --init random)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and masks (default 0)")
+    parser.add_argument("--logging-steps", type=int, default=50, help="log the loss every N steps (default 50)")
+    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps, 0 = never (default 0)")
+    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
+    parser.add_argument("--overwrite", action="store_true", help="train into a non-empty OUTPUT (old checkpoints go)")
+    parser.add_argument(
+        "--resume-from-checkpoint",
+        nargs="?",
+        const="last",
+        default=None,
+        help="resume from OUTPUT's last checkpoint, or from the checkpoint folder given",
+    )
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
+    output_options(parser)
+
+
 def train_pretrain(parser: argparse.ArgumentParser) -> None:
     """Flags of `openrealm train pretrain`."""
     parser.add_argument("--corpus", required=True, help="knowledge-corpus folder (openrealm corpus build)")

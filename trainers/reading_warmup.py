@@ -206,7 +206,9 @@ def run(args: argparse.Namespace) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(args.corpus)
     data = FactPairs(World.read(args.world), tokenizer, args.irrelevant)
-    encoder = load_encoder(args.encoder, tokenizer, parse_config_overrides(args.config_overrides), args.seed)
+    encoder = load_encoder(  # this stage trains the MLM head
+        args.encoder, tokenizer, parse_config_overrides(args.config_overrides), args.seed, warn_untrained_head=False
+    )
     history = warm_up_reader(encoder, data, args.steps, args.batch_size, args.learning_rate, seed=args.seed)
     summary = {key: value for key, value in vars(args).items() if key != "output"}
     summary["history"] = history

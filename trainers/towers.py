@@ -39,6 +39,18 @@ ARCHITECTURE_FIELDS = tuple(name for name in BERT_CONFIG_FIELDS if not name.ends
 # Loading
 # ---------------------------------------------------------------------------------------------------------------------
 
+MLM_HEAD = "cls.predictions.transform."  # BERT's MLM head apart from the decoder, which is tied to the word embeddings
+
+
+def untrained_mlm_head_message(source: str, flag: str) -> str:
+    """What `load_encoder` warns when a BERT checkpoint has no masked-LM head."""
+    return (
+        f"{flag} {source} has no masked-LM head (no cls.predictions.* weights, as in sentence-transformers models): it "
+        "starts untrained, so REALM's encoder cannot fill a [MASK] from a retrieved block and the retriever learns "
+        f"from noise. Train it on the corpus first: openrealm train mlm --corpus CORPUS --init {source} --output "
+        "ENCODER, then pass --encoder ENCODER (benchmarks/RESULTS.md, issue 14)"
+    )
+
 
 def looks_like_local_path(name: str) -> bool:
     """A name that can only mean a local path, not a Hub id (`name` or `owner/name`): ./x, ../x, /x, ~/x, C:\\x,
@@ -122,11 +134,14 @@ def load_encoder(
     config_overrides: dict | None = None,
     seed: int = 0,
     flag: str = "--encoder",
+    warn_untrained_head: bool = True,
     **kwargs,
 ) -> RealmKnowledgeAugEncoder:
     """A RealmKnowledgeAugEncoder from "random", a BERT checkpoint (its MLM head loaded when it has one), a REALM
     checkpoint whose `realm.*` is the encoder (RealmKnowledgeAugEncoder, RealmReader), or the reader of a
-    RealmForOpenQA folder. Arguments as load_embedder."""
+    RealmForOpenQA folder. Arguments as load_embedder; a BERT checkpoint without an MLM head (a sentence-transformers
+    model) logs a warning that its head starts untrained, unless warn_untrained_head is False (`train mlm`, which
+    trains it)."""
     overrides = dict(config_overrides or {})
     set_seed(seed)
     source = os.fspath(source)
@@ -134,7 +149,10 @@ def load_encoder(
         return RealmKnowledgeAugEncoder(_random_config(tokenizer, overrides))
     config = _checkpoint_config(source, flag)
     if config.model_type == "bert":
-        return RealmKnowledgeAugEncoder.from_bert_pretrained(source, **overrides, **kwargs)
+        encoder = RealmKnowledgeAugEncoder.from_bert_pretrained(source, **overrides, **kwargs)
+        if warn_untrained_head and any(key.startswith(MLM_HEAD) for key in getattr(encoder, "started_fresh_keys", ())):
+            logger.warning(untrained_mlm_head_message(source, flag))
+        return encoder
     if config.model_type != "realm":
         raise ValueError(f"{flag} {source} is a {config.model_type!r} checkpoint; it takes REALM or BERT checkpoints")
     architecture = (config.architectures or ["RealmKnowledgeAugEncoder"])[0]

@@ -1,0 +1,124 @@
+"""`openrealm train mlm`: BERT's masked-LM objective on the corpus blocks, the encoder's start for REALM pre-training
+when the checkpoint has no trained MLM head (sentence-transformers models)."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from openrealm import RealmKnowledgeAugEncoder
+from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization.vocab import train_wordpiece_vocab
+from openrealm.trainers import cli, towers
+from openrealm.trainers.masked_lm import CorpusBlocks, MaskedLmModel, collator
+from openrealm.trainers.quickstart import WORLD
+from openrealm.trainers.synthetic_world import generate_world
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """The quickstart's small world (117 articles, one block each) as a corpus with its own 1,000-wordpiece vocabulary."""
+    root = tmp_path_factory.mktemp("mlm")
+    world = generate_world(seed=0, **WORLD)
+    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=1000)
+    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
+    build_corpus(articles, root / "corpus", vocab, max_block_length=64)
+    return root / "corpus"
+
+
+@pytest.fixture(scope="module")
+def headless_bert(corpus, tmp_path_factory) -> Path:
+    """A small BERT saved as a bare BertModel (no MLM head), as a sentence-transformers folder is."""
+    folder = tmp_path_factory.mktemp("bert") / "bert"
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_the_loss_is_berts_cross_entropy_over_the_chosen_positions_only(corpus):
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    encoder = towers.load_encoder("random", tokenizer, {"hidden_size": 32, "num_hidden_layers": 1,
+                                                        "num_attention_heads": 2, "intermediate_size": 64})  # fmt: skip
+    rows = [CorpusBlocks(load_corpus(corpus), tokenizer, 64)[i] for i in range(4)]
+    batch = collator(tokenizer, seed=0)(rows)
+    assert (batch["labels"] != -100).any()
+    out = MaskedLmModel(encoder).eval()(**batch)
+    full = encoder.eval()(
+        batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+    ).logits
+    expected = torch.nn.functional.cross_entropy(full.view(-1, full.shape[-1]), batch["labels"].view(-1))
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_bert_masking_never_chooses_special_tokens_or_padding(corpus):
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    dataset = CorpusBlocks(load_corpus(corpus), tokenizer, 64)
+    batch = collator(tokenizer, seed=1)([dataset[i] for i in range(32)])
+    chosen = batch["labels"] != -100
+    special = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}
+    assert not any(int(token) in special for token in batch["labels"][chosen])
+    rate = chosen.sum() / (batch["attention_mask"].sum() - 3 * len(dataset.ids[:32]))
+    assert 0.10 < float(rate) < 0.20  # BERT's 15%
+
+
+def test_removed_blocks_are_not_trained_on(corpus):
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    blocks = load_corpus(corpus)
+    dataset = CorpusBlocks(blocks, tokenizer, 64, removed={0, 5})
+    assert len(dataset) == len(blocks) - 2
+    assert 0 not in dataset.ids and 5 not in dataset.ids
+    with pytest.raises(ValueError, match="no blocks left"):
+        CorpusBlocks(blocks, tokenizer, 64, removed=set(range(len(blocks))))
+
+
+def test_train_mlm_from_a_headless_bert_learns_and_saves_the_pretraining_encoder(
+    corpus, headless_bert, tmp_path, caplog
+):
+    output = tmp_path / "encoder"
+    argv = [
+        "train", "mlm", "--corpus", str(corpus), "--init", str(headless_bert), "--output", str(output),
+        "--max-steps", "60", "--batch-size", "16", "--learning-rate", "2e-3", "--warmup-steps", "5",
+        "--max-seq-len", "64", "--eval-blocks", "64", "--quiet",
+    ]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        assert cli.main(argv) == 0
+    assert "has no masked-LM head" not in caplog.text  # train mlm is the cure, not a case for the warning
+    summary = json.loads((output / "mlm_training.json").read_text())
+    before, after = summary["eval_before"], summary["eval_after"]
+    assert before["masked_tokens"] == after["masked_tokens"] > 0  # the same fixed masks before and after
+    assert after["loss"] < before["loss"] - 1.0
+    assert after["accuracy"] > before["accuracy"]
+    assert summary["blocks"] == 117 and summary["max_seq_len"] == 64
+
+    # What was saved is the trained encoder, MLM head included, and pre-training loads it without a warning.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        encoder = towers.load_encoder(str(output))
+    assert "masked-LM head" not in caplog.text
+    assert isinstance(encoder, RealmKnowledgeAugEncoder)
+    saved = load_file(output / "model.safetensors")
+    for key in ("cls.predictions.transform.dense.weight", "realm.encoder.layer.0.output.dense.weight"):
+        assert torch.equal(encoder.state_dict()[key], saved[key])
+    start = BertModel.from_pretrained(headless_bert)
+    assert not torch.equal(saved["realm.encoder.layer.0.output.dense.weight"],
+                           start.encoder.layer[0].output.dense.weight)  # fmt: skip
+
+
+def test_train_mlm_refuses_a_non_empty_output(corpus, headless_bert, tmp_path, capsys):
+    output = tmp_path / "encoder"
+    output.mkdir()
+    (output / "notes.txt").write_text("mine")
+    argv = ["train", "mlm", "--corpus", str(corpus), "--init", str(headless_bert), "--output", str(output),
+            "--max-steps", "1", "--quiet"]  # fmt: skip
+    assert cli.main(argv) != 0
+    assert f"output folder {output} is not empty" in capsys.readouterr().err
+    assert (output / "notes.txt").read_text() == "mine"

@@ -1,0 +1,215 @@
+"""Masked-LM training of the encoder on the corpus blocks: BERT's own pre-training objective, the stage REALM starts from.
+
+    openrealm train mlm --corpus DIR --init MODEL --output DIR --max-steps N [options]
+
+REALM's encoder starts from BERT, whose masked-LM head already fills a [MASK] from context; pre-training then teaches
+it to fill from a retrieved block too, and that is the retriever's only signal (retrieval utility). A checkpoint
+without a trained MLM head (a sentence-transformers model such as all-MiniLM-L6-v2, whose `cls.predictions.*` are
+absent) gives REALM a reader that cannot fill any mask, and the retriever learns from noise (benchmarks/RESULTS.md,
+issue 14 §2). This stage trains the head, and the encoder under it, with BERT's recipe on the corpus's own blocks:
+`[CLS] title [SEP] body [SEP]`, 15% of the wordpieces chosen, 80% of those replaced by [MASK], 10% by a random
+wordpiece, 10% kept (transformers' DataCollatorForLanguageModeling). The loss and the logits are computed at the
+chosen positions only (a 30,522-word vocabulary at every position would cost as much as the encoder).
+
+Before and after training, the loss and accuracy on the same `--eval-blocks` blocks, masked once with a fixed seed,
+go to OUTPUT/mlm_training.json. The result is a RealmKnowledgeAugEncoder folder for `openrealm train pretrain
+--encoder OUTPUT` (and, through pre-training, the reader of RealmForOpenQA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+import torch
+from torch import nn
+from transformers.utils import ModelOutput
+
+from openrealm import RealmKnowledgeAugEncoder
+from openrealm.tokenization.corpus import MAX_BLOCK_LENGTH, block_retriever_inputs, load_corpus, read_removed_block_ids
+from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides, prepare_output
+from openrealm.trainers.index_builder import leave_process_group
+from openrealm.trainers.options import train_mlm
+from openrealm.trainers.output import quiet_trainer_logs
+from openrealm.trainers.towers import check_tokenizer, fit_length, load_encoder, save_tower
+
+MLM_PROBABILITY = 0.15  # BERT's
+
+
+class CorpusBlocks(torch.utils.data.Dataset):
+    """The corpus's blocks that are not removed, each as `[CLS] title [SEP] body [SEP]` (input_ids, token_type_ids,
+    attention_mask: lists of at most max_length ids), the retriever's layout of a block."""
+
+    def __init__(self, blocks, tokenizer, max_length: int, removed: set[int] | frozenset = frozenset()):
+        self.blocks, self.tokenizer, self.max_length = blocks, tokenizer, max_length
+        self.ids = [i for i, block_id in enumerate(blocks["block_id"]) if block_id not in removed]
+        if not self.ids:
+            raise ValueError("the corpus has no blocks left to train on (all are removed)")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, item: int) -> dict[str, list[int]]:
+        row = self.blocks[self.ids[item]]
+        return block_retriever_inputs(row["title_ids"], row["token_ids"], self.tokenizer, self.max_length)
+
+
+class MaskedLmModel(nn.Module):
+    """BERT's masked-LM loss on a RealmKnowledgeAugEncoder: input_ids, token_type_ids, attention_mask, labels [B, L]
+    (-100 where nothing is predicted) -> loss (mean cross-entropy over the N predicted positions), accuracy [scalar]."""
+
+    def __init__(self, encoder: RealmKnowledgeAugEncoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels) -> ModelOutput:
+        hidden = self.encoder.realm(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        ).last_hidden_state
+        chosen = labels != -100
+        logits = self.encoder.cls(hidden[chosen]).float()  # [N, V]
+        targets = labels[chosen]
+        loss = nn.functional.cross_entropy(logits, targets)
+        accuracy = (logits.argmax(-1) == targets).float().mean()
+        return ModelOutput(loss=loss, accuracy=accuracy)
+
+
+def collator(tokenizer, seed: int | None = None):
+    """transformers' BERT masking (15%; 80% [MASK], 10% random, 10% kept), special tokens and padding never chosen;
+    `seed` fixes the masks (the evaluation blocks)."""
+    from transformers import DataCollatorForLanguageModeling
+
+    return DataCollatorForLanguageModeling(
+        tokenizer, mlm=True, mlm_probability=MLM_PROBABILITY, return_tensors="pt", seed=seed
+    )
+
+
+@torch.no_grad()
+def evaluate(model: MaskedLmModel, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Masked-LM loss and accuracy over fixed, already masked batches (token-weighted means)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    loss = correct = count = 0.0
+    for batch in batches:
+        batch = {name: tensor.to(device) for name, tensor in batch.items()}
+        out = model(**batch)
+        n = int((batch["labels"] != -100).sum())
+        loss, correct, count = loss + float(out.loss) * n, correct + float(out.accuracy) * n, count + n
+    model.train(was_training)
+    return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "masked_tokens": int(count)}
+
+
+def eval_batches(dataset: CorpusBlocks, tokenizer, size: int, batch_size: int, seed: int) -> list[dict]:
+    """`size` blocks spread evenly over the corpus, masked once with `seed`: every evaluation scores the same masks."""
+    size = min(size, len(dataset))
+    if size <= 0:
+        return []
+    picks = [round(i * len(dataset) / size) for i in range(size)]
+    collate = collator(tokenizer, seed=seed)
+    rows = [dataset[i] for i in picks]
+    return [collate(rows[start : start + batch_size]) for start in range(0, size, batch_size)]
+
+
+def build_trainer(args: argparse.Namespace, model: MaskedLmModel, tokenizer, dataset: CorpusBlocks):
+    """A transformers Trainer with BERT's optimiser (AdamW, weight decay 0.01, eps 1e-6, clip 1.0, linear warm-up
+    then linear decay to 0), as train ict."""
+    from transformers import Trainer, TrainingArguments
+
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    training_args = TrainingArguments(
+        use_cpu=not torch.cuda.is_available() and (multi_process or args.bf16),
+        output_dir=args.output,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        weight_decay=0.01,
+        adam_epsilon=1e-6,
+        max_grad_norm=1.0,
+        lr_scheduler_type="linear",
+        warmup_steps=google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps,
+        logging_steps=args.logging_steps,
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        save_total_limit=args.save_total_limit,
+        seed=args.seed,
+        data_seed=args.seed,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        remove_unused_columns=False,
+        bf16=args.bf16,
+        report_to=args.report_to,
+        disable_tqdm=args.quiet,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=dataset, data_collator=collator(tokenizer))
+    return quiet_trainer_logs(trainer, verbose=getattr(args, "verbose", False))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`openrealm train mlm`: measure, train, measure again, save the encoder (and mlm_training.json) in args.output."""
+    from transformers import AutoTokenizer
+
+    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None)
+    blocks = load_corpus(args.corpus).select_columns(["block_id", "title_ids", "token_ids"])
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
+    encoder = load_encoder(
+        args.init,
+        tokenizer,
+        parse_config_overrides(args.config_overrides),
+        args.seed,
+        "--init",
+        warn_untrained_head=False,
+    )
+    check_tokenizer(encoder, tokenizer, args.init, "--init")
+    length = fit_length(
+        encoder, args.max_seq_len or MAX_BLOCK_LENGTH, f"--init {args.init}", "--max-seq-len", bool(args.max_seq_len)
+    )
+    removed = set(read_removed_block_ids(args.corpus).tolist())
+    dataset = CorpusBlocks(blocks, tokenizer, length, removed)
+    model = MaskedLmModel(encoder)
+    trainer = build_trainer(args, model, tokenizer, dataset)
+    held_out = eval_batches(dataset, tokenizer, args.eval_blocks, args.batch_size, args.seed + 1)
+    model.to(trainer.args.device)
+    before = evaluate(model, held_out) if held_out else None
+    resume = True if args.resume_from_checkpoint == "last" else args.resume_from_checkpoint
+    result = trainer.train(resume_from_checkpoint=resume)
+    if trainer.is_world_process_zero():
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        after = evaluate(model, held_out) if held_out else None
+        summary = {
+            "init": args.init,
+            "corpus": str(args.corpus),
+            "blocks": len(dataset),
+            "max_steps": args.max_steps,
+            "global_batch_size": args.batch_size * trainer.args.world_size,
+            "learning_rate": args.learning_rate,
+            "warmup_steps": trainer.args.warmup_steps,
+            "mlm_probability": MLM_PROBABILITY,
+            "max_seq_len": length,
+            "seed": args.seed,
+            "train_loss": result.training_loss,
+            "eval_blocks": min(args.eval_blocks, len(dataset)),
+            "eval_before": before,
+            "eval_after": after,
+        }
+        save_tower(model.encoder, args.output, tokenizer, {"mlm_training.json": json.dumps(summary, indent=2) + "\n"})
+        line = f"train loss {result.training_loss:.4f}"
+        if before and after:
+            line += (
+                f", masked-token accuracy on {summary['eval_blocks']} blocks {before['accuracy']:.3f} -> "
+                f"{after['accuracy']:.3f} (perplexity {math.exp(before['loss']):.1f} -> {math.exp(after['loss']):.1f})"
+            )
+        print(f"masked LM: saved the RealmKnowledgeAugEncoder to {args.output} ({line})")
+    leave_process_group(trainer.accelerator.state)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="openrealm train mlm", description=__doc__.split("\n\n")[0])
+    train_mlm(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
