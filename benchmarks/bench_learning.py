@@ -1,8 +1,8 @@
 """Does REALM pre-training learn on the synthetic world? Issue 4 §6's measurement, refresh on against refresh off.
 
-    python benchmarks/bench_learning.py --output /tmp/realm-learning [--embedder ict|random] [--encoder random|FOLDER]
-        [--steps 300] [--refresh-every 25] [--modes sync,off[,answer-positive]] [--seed 0]
-        [--world num_people=40,...] [--embedder-learning-rate LR]
+    python benchmarks/bench_learning.py --output /tmp/realm-learning [--embedder ict|random]
+        [--encoder random|reading-warmup|FOLDER] [--steps 300] [--refresh-every 25] [--modes sync,off[,answer-positive]]
+        [--seed 0] [--world num_people=40,...] [--embedder-learning-rate LR]
 
 Builds the quickstart's default world (or one resized by `--world`), vocabulary and corpus (64-wordpiece blocks), an ICT
 embedder (or a random one) and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM
@@ -11,8 +11,15 @@ pre-training once per refresh mode from the same start, scoring fixed masked que
 retrieval utility against the null document, MLM accuracy. The paper's claims (§4.5, Table 3 "stale MIPS") are
 utility > 0, recall rising far above the initial index's, and less learning with the index never refreshed. Mode
 `answer-positive` is the retriever's upper bound: the embedder alone, trained with an answer block of each query as its
-positive (the signal a perfect reader would give). Writes OUTPUT/results.json and prints a markdown table for
-benchmarks/RESULTS.md.
+positive (the signal a perfect reader would give). `--encoder reading-warmup` starts the encoder from the quickstart's
+reading warm-up (its "BERT stage").
+
+Every run's final embedder (and the start's) is also scored as Table 2 scores it: zero-shot retrieval recall@5 on all
+of the world's questions (no model saw one), the embedder encoding the question. And once more with the question's
+wordpieces that never occur in the corpus ("where", "which", "?"...) left out of the attention mask: no tower ever
+trains their embeddings, so they are noise in the question's embedding, and the difference between the two numbers
+is how much of a retriever's score is robustness to that noise rather than matching the question's names.
+Writes OUTPUT/results.json and prints markdown tables for benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -42,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default="/tmp/openrealm-learning")
     parser.add_argument("--embedder", choices=("ict", "random"), default="ict")
-    parser.add_argument("--encoder", default="random", help="random, or a RealmKnowledgeAugEncoder folder")
+    parser.add_argument(
+        "--encoder",
+        default="random",
+        help="random, reading-warmup (the quickstart's), or a RealmKnowledgeAugEncoder folder",
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--refresh-every", type=int, default=25)
     parser.add_argument(
@@ -89,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         embedder = str(stages.run("initial embedder", stages.initial_tower, corpus, "embedder"))
     if args.encoder == "random":
         encoder = str(stages.run("initial encoder", stages.initial_tower, corpus, "encoder"))
+    elif args.encoder == "reading-warmup":
+        encoder = str(stages.run("reading warm-up", stages.reading_warmup, corpus))
     else:
         encoder = args.encoder
     runs = {}
@@ -106,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             f"pretrain-{mode}",
             8,
         )["history"]
+    embedders = {"start": embedder} | {
+        mode: str(output / ("answer-positive" if mode == "answer-positive" else f"pretrain-{mode}/embedder"))
+        for mode in runs
+    }
+    zero_shot = {name: zero_shot_recall(folder, corpus, output / "world") for name, folder in embedders.items()}
 
     results = {
         "command": "python benchmarks/bench_learning.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -115,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "timings_s": stages.timings,
         "runs": runs,
+        "zero_shot_recall_at_5": zero_shot,
     }
     (output / "results.json").write_text(json.dumps(results, indent=2))
     print(f"\n| refresh | step | {' | '.join(METRICS)} |\n|---|---|{'---|' * len(METRICS)}")
@@ -122,7 +141,44 @@ def main(argv: list[str] | None = None) -> int:
         for entry in (history[0], history[-1]):
             values = " | ".join(f"{entry.get('eval_' + name, float('nan')):.3f}" for name in METRICS)
             print(f"| {mode} | {entry['step']} | {values} |")
+    print(
+        "\n| embedder | zero-shot recall@5, all questions | same, question-only wordpieces left out |\n|---|---|---|"
+    )
+    for name, scores in zero_shot.items():
+        print(f"| {name} | {scores['recall@5']:.1f} | {scores['recall@5_corpus_wordpieces_only']:.1f} |")
     return 0
+
+
+@torch.no_grad()
+def zero_shot_recall(embedder_folder: str, corpus: Path, world: Path, k: int = 5) -> dict[str, float]:
+    """Table 2's zero-shot recall@k (%) on every question of the world (an answer string in one of the top k blocks),
+    with the whole question, and with the wordpieces that never occur in the corpus left out of the attention mask."""
+    from transformers import AutoTokenizer
+
+    from openrealm import RealmEmbedder
+    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.trainers.pretrain_eval import fresh_index
+    from openrealm.trainers.synthetic_world import World
+
+    tokenizer, blocks = AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
+    embedder = RealmEmbedder.from_pretrained(embedder_folder).eval()
+    index = fresh_index(embedder, tokenizer, blocks)
+    questions = World.read(world).questions
+    texts = blocks["text"]
+    corpus_ids = {i for column in ("title_ids", "token_ids") for ids in blocks[column] for i in ids}
+    inputs = tokenizer([q["question"] for q in questions], padding=True, return_tensors="pt")
+    in_corpus = torch.tensor([[i in corpus_ids for i in row] for row in inputs["input_ids"].tolist()])
+    in_corpus |= torch.isin(inputs["input_ids"], torch.tensor(tokenizer.all_special_ids))
+    scores = {}
+    for name, mask in (
+        ("", inputs["attention_mask"]),
+        ("_corpus_wordpieces_only", inputs["attention_mask"] * in_corpus),
+    ):
+        query = embedder(inputs["input_ids"], attention_mask=mask, token_type_ids=torch.zeros_like(mask))
+        _, ids = index.search(query.projected_score, k)
+        hits = [any(a in texts[i] for i in row for a in q["answers"]) for q, row in zip(questions, ids.tolist())]
+        scores[f"recall@{k}{name}"] = round(100 * sum(hits) / len(hits), 1)
+    return scores
 
 
 def answer_positive(stages, corpus: Path, embedder_folder: str) -> list[dict]:
@@ -151,6 +207,7 @@ def answer_positive(stages, corpus: Path, embedder_folder: str) -> list[dict]:
             index = fresh_index(embedder, tokenizer, blocks)
             history.append({"step": step, "eval_recall@8": recall_at_k(embedder, index, queries, 8)})
         if step == preset.pretrain_steps:
+            embedder.save_pretrained(stages.path("answer-positive"))
             return history
         batch = masker([blocks[i] for i in rng.sample(range(len(blocks)), preset.pretrain_batch_size)])
         spans = [text[start:end] for text, (start, end) in zip(batch["query_text"], batch["span"].tolist())]

@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import pretrain, towers
-from openrealm.trainers.index_builder import build_index, list_versions
+from openrealm.trainers.index_builder import build_index, build_request, list_versions, read_build_status
 from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretraining import RealmPretrainingExamples
 from openrealm.trainers.refresh import (
@@ -150,11 +151,15 @@ def sleeping_builder(callback: IndexRefreshCallback, seconds: float):
     return command
 
 
-def run_until_swap(steps: Steps, swaps: int = 1) -> None:
+def run_until(steps: Steps, condition) -> None:
     deadline = time.monotonic() + BUILD_TIMEOUT
-    while len(steps.callback.swaps) < swaps:
-        assert time.monotonic() < deadline, f"no swap after {BUILD_TIMEOUT}s: {steps.callback.failures}"
+    while not condition():
+        assert time.monotonic() < deadline, f"not reached after {BUILD_TIMEOUT}s: {steps.callback.failures}"
         steps.step(0.05)
+
+
+def run_until_swap(steps: Steps, swaps: int = 1) -> None:
+    run_until(steps, lambda: len(steps.callback.swaps) >= swaps)
 
 
 def test_async_builder_of_a_sharded_run_writes_one_file_per_rank_and_the_examples_get_a_sharded_index(
@@ -163,7 +168,8 @@ def test_async_builder_of_a_sharded_run_writes_one_file_per_rank_and_the_example
     embedder, examples, callback = setup_refresh(
         corpus, tmp_path / "index", "async", refresh_every=2, build_kwargs={"num_shards": 2}
     )
-    assert callback.index_builder_command(tmp_path / "snapshot", 1)[-2:] == ["--num-shards", "2"]
+    for command in (callback.index_builder_command(tmp_path / "snapshot", 1), callback.builder_server_command()):
+        assert command[command.index("--num-shards") + 1] == "2"
     steps = Steps(callback, embedder)
     run_until_swap(steps)
     folder = tmp_path / "index" / "v000001" / "block_index"
@@ -228,6 +234,80 @@ def test_lagged_async_refresh_holds_a_finished_build_until_its_step(corpus, tmp_
     assert [(s["step"], s["version"], s["snapshot_step"]) for s in callback.swaps] == [(42, 1, 2)]
     assert callback.builds_started == 2 and examples.index.version == 1
     callback.close()
+
+
+def test_async_builds_go_to_one_long_lived_builder_process_that_ends_with_training(corpus, tmp_path):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2, lag=2)
+    steps = Steps(callback, embedder)
+    builders = set()
+    deadline = time.monotonic() + 3 * BUILD_TIMEOUT
+    while len(callback.swaps) < 3:
+        assert time.monotonic() < deadline, callback.failures
+        steps.step()
+        if callback._build is not None:
+            builders.add(callback.builder_process(timeout=30).pid)
+    # Three versions, each swapped in 2 steps after its snapshot, all built by the same process.
+    assert [(s["version"], s["step"] - s["snapshot_step"]) for s in callback.swaps] == [(1, 2), (2, 2), (3, 2)]
+    assert len(builders) == 1 and builders != {os.getpid()}
+    server = callback._server
+    # What each version holds is what a build of its own would have written: the saved snapshot's embeddings.
+    snapshot = RealmEmbedder.from_pretrained(
+        tmp_path / "index" / SNAPSHOTS_DIR / f"step-{callback.swaps[-1]['snapshot_step']}"
+    )
+    expected = build_index(snapshot, corpus, tmp_path / "reference", version=0, progress=False)
+    assert torch.allclose(examples.index.block_emb, expected.block_emb, atol=1e-6)
+    callback.close()
+    assert server.poll() is not None and callback._server is None  # training over: no builder left running
+
+
+def test_a_failed_build_of_the_long_lived_builder_is_logged_and_the_next_build_succeeds(corpus, tmp_path, caplog):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2)
+    save, corrupted = RealmEmbedder.save_pretrained, []
+
+    def save_then_corrupt(self, folder, *args, **kwargs):  # the first snapshot's weights are unreadable
+        result = save(self, folder, *args, **kwargs)
+        if not corrupted:
+            (Path(folder) / "model.safetensors").write_bytes(b"not safetensors")
+            corrupted.append(folder)
+        return result
+
+    steps = Steps(callback, embedder)
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level("ERROR", logger="openrealm.trainers.refresh"):
+        patch.setattr(RealmEmbedder, "save_pretrained", save_then_corrupt)
+        run_until(steps, lambda: callback.builds_failed > 0)
+    assert examples.index.version == 0 and callback.failures[0]["reason"] == "exit status 1"
+    assert "Traceback" in callback.failures[0]["log_tail"] and "failed (exit status 1)" in caplog.text
+    server = callback._server
+    run_until_swap(steps)  # the retry, from a fresh snapshot, goes to the same builder process
+    assert examples.index.version == 1 and callback._server is server and server.poll() is None
+    callback.close()
+
+
+def test_a_builder_process_that_dies_fails_its_build_and_the_next_build_starts_a_new_one(corpus, tmp_path):
+    embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2)
+    steps = Steps(callback, embedder)
+    steps.step()
+    steps.step()  # the first build goes to a new builder process
+    first = callback.builder_process(timeout=30)
+    first.kill()
+    run_until(steps, lambda: callback.builds_failed > 0)
+    assert "the builder process exited with status" in callback.failures[0]["log_tail"]
+    run_until_swap(steps)
+    assert examples.index.version == 1 and callback._server.pid != first.pid
+    callback.close()
+
+
+def test_the_long_lived_builder_exits_when_its_input_ends(corpus, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    snapshot = tmp_path / "snapshot"
+    tiny_embedder(tokenizer).save_pretrained(snapshot)
+    command = [sys.executable, "-m", "openrealm.trainers.index_builder", "serve", "--corpus", str(corpus)]
+    command += ["--output", str(tmp_path / "index"), "--device", "cpu", "--quiet"]
+    requests = build_request(snapshot, 4) + build_request(snapshot, 5)
+    finished = subprocess.run(command, input=requests, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    assert finished.returncode == 0, finished.stderr
+    assert list_versions(tmp_path / "index") == [4, 5] and read_build_status(snapshot) == 0
+    assert "Wrote exact index version 5" in (snapshot / "build.log").read_text()
 
 
 @pytest.mark.parametrize("mode, lag", [("sync", 2), ("off", 2), ("async", 0)])

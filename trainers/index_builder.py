@@ -39,6 +39,7 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -48,7 +49,7 @@ import numpy as np
 import torch
 
 from openrealm import RealmBlockIndex, ShardedBlockIndex
-from openrealm.file_utils import atomic_directory
+from openrealm.file_utils import atomic_directory, write_text_atomic
 from openrealm.index_realm import (
     resolve_index_params,
     save_block_emb_shard,
@@ -584,36 +585,34 @@ def exit_with_parent(parent: int, poll_seconds: float = PARENT_POLL_SECONDS) -> 
     return watcher
 
 
-def run(args: argparse.Namespace) -> int:
-    """`openrealm index build`: embed the corpus and write the index (under accelerate launch, sharded)."""
+def _process_state(device: str | None) -> tuple[PartialState, torch.device]:
+    """accelerate's PartialState of this process and the device to embed on."""
     from accelerate import PartialState
-
-    if getattr(args, "parent_pid", None) is not None:
-        exit_with_parent(args.parent_pid)
 
     # PartialState sets up a multi-process CPU run (gloo) only when told cpu=True; a CUDA-less multi-process launch
     # (`accelerate launch --multi_gpu --num_processes 2` or torchrun on a CPU machine) is one.
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    cpu = args.device == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    cpu = device == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
     state = PartialState(cpu=cpu or (world_size > 1 and not torch.cuda.is_available()))
-    device = torch.device(args.device) if args.device else state.device
+    return state, torch.device(device) if device else state.device
+
+
+def _build_from_args(args: argparse.Namespace, state: PartialState, device: torch.device, embedder: str,
+                     version: int | None, layout: str = "versioned", keep: int | None = None) -> RealmBlockIndex:  # fmt: skip
+    """What `openrealm index build` and each build of the served builder do once the process is set up."""
     num_workers = args.num_workers if args.num_workers is not None else (2 if device.type == "cuda" else 0)
-    try:  # before the embedder loads: a refused combination costs nothing
-        _check_num_shards(args.num_shards, state.num_processes, args.index_type, args.layout)
-    except ValueError as error:
-        raise ValueError(f"--num-shards {args.num_shards}: {error}") from None
-    embedder = load_embedder(args.embedder)
-    name = f"--embedder {args.embedder}"
-    max_length = fit_length(embedder, args.max_length or MAX_BLOCK_LENGTH, name, "--max-length", bool(args.max_length))
-    index = build_index(
-        embedder,
+    model = load_embedder(embedder)
+    name = f"--embedder {embedder}"
+    max_length = fit_length(model, args.max_length or MAX_BLOCK_LENGTH, name, "--max-length", bool(args.max_length))
+    return build_index(
+        model,
         args.corpus,
         args.output,
         index_type=args.index_type,
         index_params=dict(args.index_param),
-        version=args.version,
-        layout=args.layout,
-        keep=args.keep,
+        version=version,
+        layout=layout,
+        keep=keep,
         accelerator=state,
         batch_size=args.batch_size,
         device=device,
@@ -624,6 +623,18 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         num_shards=args.num_shards,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    """`openrealm index build`: embed the corpus and write the index (under accelerate launch, sharded)."""
+    if getattr(args, "parent_pid", None) is not None:
+        exit_with_parent(args.parent_pid)
+    state, device = _process_state(args.device)
+    try:  # before the embedder loads: a refused combination costs nothing
+        _check_num_shards(args.num_shards, state.num_processes, args.index_type, args.layout)
+    except ValueError as error:
+        raise ValueError(f"--num-shards {args.num_shards}: {error}") from None
+    index = _build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
     if state.is_main_process:
         where = args.output if args.layout == "plain" else latest_index_dir(args.output).parent
         print(f"Wrote {index.index_type} index version {index.version} of {index.num_blocks} x {index.dim} to {where}")
@@ -631,7 +642,84 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# The served builder: one long-lived process doing every asynchronous build of a pre-training run, as Google's
+# refresher is one long-running job. A build per process paid the start-up (importing torch and transformers, about
+# 8 s of CPU, and on a GPU a new CUDA context) for every refresh (benchmarks/RESULTS.md, issue 14).
+BUILD_LOG_NAME = "build.log"  # in the snapshot folder: that build's output
+BUILD_STATUS_NAME = "build_status.json"  # in the snapshot folder, written (atomically) when the build has ended
+
+
+def build_request(snapshot_dir: str | os.PathLike, version: int) -> str:
+    """One line of the served builder's input: build index `version` with the embedder saved in `snapshot_dir`."""
+    return json.dumps({"embedder": str(Path(snapshot_dir).absolute()), "version": int(version)}) + "\n"
+
+
+def read_build_status(snapshot_dir: str | os.PathLike) -> int | None:
+    """The exit status of the served build of `snapshot_dir` (0: written), or None while it has not ended."""
+    path = Path(snapshot_dir) / BUILD_STATUS_NAME
+    return int(json.loads(path.read_text())["returncode"]) if path.is_file() else None
+
+
+@contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (file descriptors 1 and 2, C level included) into `path` for the block."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def serve(args: argparse.Namespace, requests=None) -> int:
+    """`python -m openrealm.trainers.index_builder serve --corpus DIR --output ROOT [build options]`: build index
+    versions, one per line of `requests` (default standard input; see `build_request`) until it ends.
+
+    Each build writes ROOT/vNNNNNN as `openrealm index build` does, its output goes to SNAPSHOT/build.log and its exit
+    status (0, or 1 with the traceback in the log) to SNAPSHOT/build_status.json once it has ended; a failed build
+    does not stop the builder. With --parent-pid the process exits, writing nothing more, once that process is gone."""
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
+    state, device = _process_state(args.device)
+    _check_num_shards(args.num_shards, state.num_processes, args.index_type, "versioned")
+    for line in sys.stdin if requests is None else requests:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        snapshot = Path(request["embedder"])
+        with _output_to(snapshot / BUILD_LOG_NAME):
+            try:
+                index = _build_from_args(args, state, device, str(snapshot), int(request["version"]))
+                print(f"Wrote {index.index_type} index version {index.version} of {index.num_blocks} x {index.dim}")
+                returncode = 0
+            except Exception:
+                traceback.print_exc()
+                returncode = 1
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()  # the trainer shares this GPU between builds
+        write_text_atomic(snapshot / BUILD_STATUS_NAME, json.dumps({"returncode": returncode}) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:
+        parser = argparse.ArgumentParser(
+            prog="python -m openrealm.trainers.index_builder serve",
+            description="Build index versions, one per line of standard input (the refresh's long-lived builder).",
+        )
+        index_build(parser, served=True)
+        return serve(parser.parse_args(argv[1:]))
     parser = argparse.ArgumentParser(
         prog="openrealm index build", description="Embed every block of a knowledge corpus and write a MIPS index."
     )

@@ -367,9 +367,12 @@ def train_openqa(parser: argparse.ArgumentParser) -> None:
     output_options(parser)
 
 
-def index_build(parser: argparse.ArgumentParser) -> None:
-    """The options of `openrealm index build`."""
-    parser.add_argument("--embedder", required=True, help="REALM or BERT checkpoint: local folder or Hub repo id")
+def index_build(parser: argparse.ArgumentParser, served: bool = False) -> None:
+    """The options of `openrealm index build`. served: those of the refresh's long-lived builder
+    (`python -m openrealm.trainers.index_builder serve`), which reads each build's embedder and version from its
+    standard input and always writes the versioned layout."""
+    if not served:
+        parser.add_argument("--embedder", required=True, help="REALM or BERT checkpoint: local folder or Hub repo id")
     parser.add_argument("--corpus", required=True, help="knowledge corpus folder (`openrealm corpus build`)")
     parser.add_argument("--output", required=True, help="index root: writes OUTPUT/vNNNNNN/ (see --layout)")
     parser.add_argument("--index-type", default="exact", choices=INDEX_TYPES, help="MIPS index (default exact)")
@@ -381,14 +384,15 @@ def index_build(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=INT",
         help="index parameter, repeatable (e.g. nlist=4096, nprobe=32, m=32, ef_search=64, pq_m=32)",
     )
-    parser.add_argument("--version", type=int, default=None, help="index version (default: previous + 1, or 0)")
-    parser.add_argument(
-        "--layout",
-        choices=("versioned", "plain"),
-        default="versioned",
-        help="versioned: OUTPUT/vNNNNNN/{block_index,build_info.json}; plain: OUTPUT is the index folder itself",
-    )
-    parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
+    if not served:
+        parser.add_argument("--version", type=int, default=None, help="index version (default: previous + 1, or 0)")
+        parser.add_argument(
+            "--layout",
+            choices=("versioned", "plain"),
+            default="versioned",
+            help="versioned: OUTPUT/vNNNNNN/{block_index,build_info.json}; plain: OUTPUT is the index folder itself",
+        )
+        parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
     parser.add_argument(
         "--num-shards",
         type=int,

@@ -6,12 +6,13 @@ index) of a `RealmPretrainingExamples` up to date with the training embedder:
 - `mode="async"` (default, as REALM): every `refresh_every` steps, or as soon as the previous build has ended when a
   build takes longer than that, the trainer's embedder parameters are cloned on the step (a device copy: exactly that
   step's values); a background thread makes the snapshot module from the clones (eval mode, no gradients), saves it to
-  `index_root/.snapshots/step-N/` and starts a builder process (`python -m openrealm.trainers.index_builder`) that
-  embeds the corpus with it into `index_root/vNNNNNN/`. The trainer never waits: at each step boundary
-  (`on_step_begin`) the builder is polled; once it has exited 0 the new index (memory-mapped) and the saved snapshot
-  are loaded on the background thread, and at the first step boundary after that they replace the old pair together;
-  when the build fails, its log tail is reported, the old index stays, and the next step end starts a new build from a
-  fresh snapshot. With `lag=L` a build is swapped in exactly L steps after its snapshot instead (the trainer waits at
+  `index_root/.snapshots/step-N/` and hands it to the builder, one long-lived process (`python -m
+  openrealm.trainers.index_builder serve`, started at the first build, as Google's refresher is one long-running job)
+  that embeds the corpus with it into `index_root/vNNNNNN/`. The trainer never waits: at each step boundary
+  (`on_step_begin`) the build is polled; once it has ended with status 0 the new index (memory-mapped) and the saved
+  snapshot are loaded on the background thread, and at the first step boundary after that they replace the old pair
+  together; when the build fails, its log tail is reported, the old index stays, and the next step end starts a new
+  build from a fresh snapshot (and a new builder process if the old one died). With `lag=L` a build is swapped in exactly L steps after its snapshot instead (the trainer waits at
   that step boundary when the build has not ended; a build ready earlier waits its turn): the builder still runs while
   the trainer trains, but which step sees which index no longer depends on timing, so a seeded run is reproducible.
 - `mode="sync"`: every `refresh_every` steps the index is rebuilt (the trainer stalls for the whole build; with several
@@ -71,7 +72,15 @@ from transformers import TrainerCallback
 
 from openrealm.file_utils import clean_leftovers
 from openrealm.tokenization.corpus import load_corpus
-from openrealm.trainers.index_builder import build_index, list_versions, load_index, version_dir_name
+from openrealm.trainers.index_builder import (
+    BUILD_LOG_NAME,
+    build_index,
+    build_request,
+    list_versions,
+    load_index,
+    read_build_status,
+    version_dir_name,
+)
 from openrealm.trainers.options import REFRESH_MODES as MODES
 
 logger = logging.getLogger(__name__)
@@ -84,6 +93,48 @@ LAG_POLL_SECONDS = 0.02  # how often a run waiting for a lagged build looks agai
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 BuilderCommand = Callable[[Path, int], Sequence[str]]
+BUILDER_LOG_NAME = "builder.log"  # index_root/.snapshots/builder.log: the served builder's own output between builds
+
+
+class ServedBuild:
+    """One build of the long-lived builder process (`index_builder serve`), behind the part of `subprocess.Popen`'s
+    interface the callback uses for a build process of its own: `pid`, `poll()`, `returncode`, `wait()`,
+    `terminate()`, `kill()` (the last two stop the builder process, which only a training run's end does).
+
+    The build has ended when its status file is in the snapshot folder; if the builder process dies first, the build
+    fails with its exit status, and the builder's own log is appended to the build's log."""
+
+    def __init__(self, server: subprocess.Popen, snapshot_dir: Path, server_log: Path):
+        self.server, self.snapshot_dir, self.server_log = server, snapshot_dir, server_log
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.server.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = read_build_status(self.snapshot_dir)
+        if self.returncode is None and self.server.poll() is not None:
+            self.returncode = self.server.returncode or 1
+            with open(self.snapshot_dir / BUILD_LOG_NAME, "a", encoding="utf-8") as log:
+                log.write(f"the builder process exited with status {self.server.returncode}; its log:\n")
+                log.write(_tail(self.server_log))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("index builder", timeout)
+            time.sleep(LAG_POLL_SECONDS)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.server.terminate()
+
+    def kill(self) -> None:
+        self.server.kill()
 
 
 def clone_tensors(module: torch.nn.Module, into: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
@@ -195,7 +246,9 @@ class IndexRefreshCallback(TrainerCallback):
     device: where snapshots live and sync builds run (default: the training embedder's device).
     builder_device: `--device` of the async builder process (default `default_builder_device()`: a GPU no training
     process of this machine uses when there is one, else cuda:0 shared with rank 0, else cpu).
-    builder_command: (snapshot folder, version) -> argv of the async builder; default `index_builder_command`.
+    builder_command: (snapshot folder, version) -> argv of a process of its own for each async build (e.g.
+    `index_builder_command`); default None: every build goes to one long-lived builder process
+    (`builder_server_command`), started at the first build and stopped when training ends.
     build_kwargs: extra keyword arguments of `build_index` (sync) / options of the builder (async): index_type,
     batch_size, max_length, num_shards (> 1: each process holds and searches its shard, see ShardedBlockIndex).
     lag: async only: swap each build in exactly `lag` steps after its snapshot, waiting for it then if needed (a
@@ -229,7 +282,7 @@ class IndexRefreshCallback(TrainerCallback):
         self.keep = keep
         self.device = device
         self.builder_device = builder_device or default_builder_device()
-        self.builder_command = builder_command or self.index_builder_command
+        self.builder_command = builder_command
         self.build_kwargs = dict(build_kwargs or {})
         # num_shards > 1 (--shard-index): versions are written in shards and each rank holds its ShardedBlockIndex
         self.sharded = self.build_kwargs.get("num_shards", 1) > 1
@@ -249,6 +302,7 @@ class IndexRefreshCallback(TrainerCallback):
         self._pending: dict | None = None  # every process: the built version being loaded, swapped in once all have it
         self._clones: dict[int, torch.Tensor] | None = None  # the tensors of the last snapshot, reused
         self._executor: ThreadPoolExecutor | None = None  # snapshot save + builder start, and index loading
+        self._server: subprocess.Popen | None = None  # main process: the long-lived builder (builder_command None)
         self._group = None  # the process group the swap decision is reduced over (gloo: CPU tensors, no device sync)
 
     # -- state ---------------------------------------------------------------------------------------------------------
@@ -376,19 +430,21 @@ class IndexRefreshCallback(TrainerCallback):
     # -- async ---------------------------------------------------------------------------------------------------------
 
     def index_builder_command(self, snapshot_dir: Path, version: int) -> list[str]:
-        """argv of a builder process: `python -m openrealm.trainers.index_builder` writing index_root/vNNNNNN."""
-        command = [
-            sys.executable,
-            "-m",
-            "openrealm.trainers.index_builder",
-            "--embedder",
-            str(snapshot_dir),
+        """argv of a builder process of its own: `python -m openrealm.trainers.index_builder` writing
+        index_root/vNNNNNN from the embedder saved in snapshot_dir."""
+        head = [sys.executable, "-m", "openrealm.trainers.index_builder", "--embedder", str(snapshot_dir)]
+        return head + self._builder_options() + ["--version", str(version)]
+
+    def builder_server_command(self) -> list[str]:
+        """argv of the long-lived builder (`index_builder serve`): one build per request line on its stdin."""
+        return [sys.executable, "-m", "openrealm.trainers.index_builder", "serve", *self._builder_options()]
+
+    def _builder_options(self) -> list[str]:
+        options = [
             "--corpus",
             str(self.corpus_dir),
             "--output",
             str(self.index_root),
-            "--version",
-            str(version),
             "--device",
             self.builder_device,
             "--quiet",
@@ -396,14 +452,14 @@ class IndexRefreshCallback(TrainerCallback):
             str(os.getpid()),
         ]
         if "index_type" in self.build_kwargs:
-            command += ["--index-type", str(self.build_kwargs["index_type"])]
+            options += ["--index-type", str(self.build_kwargs["index_type"])]
         if "batch_size" in self.build_kwargs:
-            command += ["--batch-size", str(self.build_kwargs["batch_size"])]
+            options += ["--batch-size", str(self.build_kwargs["batch_size"])]
         if "max_length" in self.build_kwargs:
-            command += ["--max-length", str(self.build_kwargs["max_length"])]
+            options += ["--max-length", str(self.build_kwargs["max_length"])]
         if self.sharded:
-            command += ["--num-shards", str(self.build_kwargs["num_shards"])]
-        return command
+            options += ["--num-shards", str(self.build_kwargs["num_shards"])]
+        return options
 
     def start_build(self, embedder: torch.nn.Module, global_step: int) -> None:
         """Snapshot the embedder and start a builder process for the next version (does not wait).
@@ -419,8 +475,8 @@ class IndexRefreshCallback(TrainerCallback):
         snapshot_time = time.time()
         snapshot_dir = self.index_root / SNAPSHOTS_DIR / f"step-{global_step}"
         version = self.next_version()
-        command = list(self.builder_command(snapshot_dir, version))
-        start = self._background().submit(self._start_builder, embedder, clones, snapshot_dir, command)
+        command = None if self.builder_command is None else list(self.builder_command(snapshot_dir, version))
+        start = self._background().submit(self._start_builder, embedder, clones, snapshot_dir, command, version)
         self.builds_started += 1
         self.last_build_step = global_step
         self._build = {
@@ -433,16 +489,55 @@ class IndexRefreshCallback(TrainerCallback):
         }
         self.build_start_seconds = time.perf_counter() - started
 
-    def _start_builder(self, embedder, clones: dict, snapshot_dir: Path, command: list[str]) -> subprocess.Popen:
-        """(background thread) The snapshot module from the cloned tensors, saved; the builder process started."""
+    def _start_builder(
+        self, embedder, clones: dict, snapshot_dir: Path, command: list[str] | None, version: int
+    ) -> subprocess.Popen | ServedBuild:
+        """(background thread) The snapshot module from the cloned tensors, saved; then the build handed to the
+        long-lived builder (command None) or a builder process of its own started with `command`."""
         if snapshot_dir.exists():  # a failed build of the same step: start clean
             shutil.rmtree(snapshot_dir)
         snapshot_embedder(embedder, clones=clones).save_pretrained(snapshot_dir)
-        env = {key: value for key, value in os.environ.items() if key not in DISTRIBUTED_ENV}
-        with open(snapshot_dir / "build.log", "wb") as log:  # a file, not a pipe: a full pipe would block the builder
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if command is None:
+            server = self._builder_server()
+            server.stdin.write(build_request(snapshot_dir, version))
+            server.stdin.flush()
+            logger.info(
+                "index refresh: building version %d with %s (builder pid %d)", version, snapshot_dir, server.pid
+            )
+            return ServedBuild(server, snapshot_dir, self.index_root / SNAPSHOTS_DIR / BUILDER_LOG_NAME)
+        with open(snapshot_dir / BUILD_LOG_NAME, "wb") as log:  # a file, not a pipe: a full pipe would block it
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_builder_env())
         logger.info("index refresh: building version %s with %s (pid %d)", command, snapshot_dir, process.pid)
         return process
+
+    def _builder_server(self) -> subprocess.Popen:
+        """(background thread) The long-lived builder process, started if none runs (first build, or it died)."""
+        if self._server is None or self._server.poll() is not None:
+            log_path = self.index_root / SNAPSHOTS_DIR / BUILDER_LOG_NAME
+            with open(log_path, "ab") as log:
+                self._server = subprocess.Popen(
+                    self.builder_server_command(),
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=_builder_env(),
+                    text=True,
+                )
+        return self._server
+
+    def _stop_server(self) -> None:
+        """End the long-lived builder: its input is closed, so it exits after the build it is running (if any); killed
+        if it has not exited 30 s later."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if server.poll() is None:
+            try:
+                server.stdin.close()
+                server.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                server.kill()
+                server.wait()
 
     def builder_process(self, timeout: float | None = None) -> subprocess.Popen | None:
         """The running builder process (waits up to `timeout` s for the background start); None when none runs."""
@@ -578,6 +673,7 @@ class IndexRefreshCallback(TrainerCallback):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        self._stop_server()
 
     def _stop_builder(self, build: dict) -> None:
         try:
@@ -702,6 +798,11 @@ class IndexRefreshCallback(TrainerCallback):
         running = {build["step"] for build in (self._build, self._pending) if build is not None}
         for step in [s for s in steps if s not in running][: -self.keep]:
             shutil.rmtree(folder / f"step-{step}", ignore_errors=True)
+
+
+def _builder_env() -> dict[str, str]:
+    """The environment of a builder process: the trainer's, without its torch.distributed variables."""
+    return {key: value for key, value in os.environ.items() if key not in DISTRIBUTED_ENV}
 
 
 def _rank_and_world() -> tuple[int, int]:
