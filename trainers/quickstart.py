@@ -531,7 +531,7 @@ def write_report(
         "Read these recalls with care: the question words (where, which, ?...) never occur in the world's articles, so "
         "no tower trains their embeddings, and on this toy they move zero-shot recall more than any pre-training does. "
         "Left out of the questions, the ICT start's recall rises to 75-80% (seeds 0-2) and no REALM run measured so far "
-        "beats its start by more than 1.2 points, while the same masked queries with a perfect reader's signal take the "
+        "beats its start by more than 1.5 points, while the same masked queries with a perfect reader's signal take the "
         "retriever to 92-96% (benchmarks/RESULTS.md; `benchmarks/bench_learning.py` measures both).",
         "",
         "## Open-QA on held-out entities",
