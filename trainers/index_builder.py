@@ -597,8 +597,15 @@ def _process_state(device: str | None) -> tuple[PartialState, torch.device]:
     return state, torch.device(device) if device else state.device
 
 
-def _build_from_args(args: argparse.Namespace, state: PartialState, device: torch.device, embedder: str,
-                     version: int | None, layout: str = "versioned", keep: int | None = None) -> RealmBlockIndex:  # fmt: skip
+def _build_from_args(
+    args: argparse.Namespace,
+    state: PartialState,
+    device: torch.device,
+    embedder: str,
+    version: int | None,
+    layout: str = "versioned",
+    keep: int | None = None,
+) -> RealmBlockIndex:
     """What `openrealm index build` and each build of the served builder do once the process is set up."""
     num_workers = args.num_workers if args.num_workers is not None else (2 if device.type == "cuda" else 0)
     model = load_embedder(embedder)
