@@ -1,8 +1,8 @@
 """Does REALM pre-training learn on the synthetic world? Issue 4 §6's measurement, refresh on against refresh off.
 
     python benchmarks/bench_learning.py --output /tmp/realm-learning [--embedder ict|random]
-        [--encoder random|reading-warmup|FOLDER] [--steps 300] [--refresh-every 25] [--modes sync,off[,answer-positive]]
-        [--seed 0] [--world num_people=40,...] [--embedder-learning-rate LR]
+        [--encoder random|reading-warmup|FOLDER] [--steps 300] [--refresh-every 25]
+        [--modes sync,off[,answer-positive]] [--seed 0] [--world num_people=40,...] [--embedder-learning-rate LR]
 
 Builds the quickstart's default world (or one resized by `--world`), vocabulary and corpus (64-wordpiece blocks), an ICT
 embedder (or a random one) and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM

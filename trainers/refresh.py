@@ -12,9 +12,10 @@ index) of a `RealmPretrainingExamples` up to date with the training embedder:
   (`on_step_begin`) the build is polled; once it has ended with status 0 the new index (memory-mapped) and the saved
   snapshot are loaded on the background thread, and at the first step boundary after that they replace the old pair
   together; when the build fails, its log tail is reported, the old index stays, and the next step end starts a new
-  build from a fresh snapshot (and a new builder process if the old one died). With `lag=L` a build is swapped in exactly L steps after its snapshot instead (the trainer waits at
-  that step boundary when the build has not ended; a build ready earlier waits its turn): the builder still runs while
-  the trainer trains, but which step sees which index no longer depends on timing, so a seeded run is reproducible.
+  build from a fresh snapshot (and a new builder process if the old one died). With `lag=L` a build is swapped in
+  exactly L steps after its snapshot instead (the trainer waits at that step boundary when the build has not ended; a
+  build ready earlier waits its turn): the builder still runs while the trainer trains, but which step sees which
+  index no longer depends on timing, so a seeded run is reproducible.
 - `mode="sync"`: every `refresh_every` steps the index is rebuilt (the trainer stalls for the whole build; with several
   processes each embeds its share of the blocks) and swapped at once: no staleness beyond `refresh_every`, useful as
   the reference for async.
