@@ -86,6 +86,27 @@ def default_chunk_size(device: torch.device, num_queries: int = 64) -> int:
     return min(2**17, max(2**16, 1 << (rows.bit_length() - 1)))
 
 
+def top_k_lowest_ids_first(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The min(k, N) best of scores [Q, N] -> (scores [Q, k'], column ids [Q, k']), ordered by score, then id: among
+    equal scores the lowest id comes first and is the one kept at the cut. torch.topk orders ties as its kernel
+    happens to, which differs with the shape, the device and the machine."""
+    num_kept = min(k, scores.shape[1])
+    top_scores, top_ids = scores.topk(min(num_kept + 1, scores.shape[1]), dim=1)
+    if top_scores.shape[1] > num_kept:  # a score equal to the last kept one beyond the cut: choose the lowest ids
+        tied_rows = (top_scores[:, num_kept - 1] == top_scores[:, num_kept]).nonzero().flatten().tolist()
+        top_scores, top_ids = top_scores[:, :num_kept].contiguous(), top_ids[:, :num_kept].contiguous()
+        for row in tied_rows:
+            last = top_scores[row, -1]
+            above = (scores[row] > last).nonzero().flatten()
+            at = (scores[row] == last).nonzero().flatten()[: num_kept - above.numel()]  # ascending ids
+            top_ids[row] = torch.cat([above, at])
+            top_scores[row] = scores[row, top_ids[row]]
+    by_id = top_ids.argsort(dim=1)
+    top_scores, top_ids = top_scores.gather(1, by_id), top_ids.gather(1, by_id)
+    order = top_scores.argsort(dim=1, descending=True, stable=True)
+    return top_scores.gather(1, order), top_ids.gather(1, order)
+
+
 def torch_exact_search(
     block_emb: torch.Tensor,
     query_emb: torch.Tensor,
@@ -97,7 +118,9 @@ def torch_exact_search(
 
     Runs on block_emb's device and returns on query_emb's device. Blocks are scored chunk_size rows at a time and the
     per-chunk top-k merged, so the [Q, N] score matrix (Q=64, N=13M: 3.4 GB) is never materialised. `excluded`: sorted
-    row ids [R] never returned (removed blocks); k must not exceed the N - R others.
+    row ids [R] never returned (removed blocks); k must not exceed the N - R others. Equal scores (duplicate blocks)
+    go to the lowest id, at the cut too, so the result does not depend on the chunk size, the sharding or the kernel
+    torch.topk uses for ties.
     """
     num_blocks = block_emb.shape[0]
     num_excluded = 0 if excluded is None else excluded.numel()
@@ -119,12 +142,12 @@ def torch_exact_search(
                     excluded, torch.tensor([start, start + chunk.shape[0]], device=excluded.device)
                 )
                 scores[:, excluded[lo:hi] - start] = float("-inf")
-            top_scores, top_ids = scores.topk(min(k, chunk.shape[0]), dim=1)
+            top_scores, top_ids = top_k_lowest_ids_first(scores, k)
             top_scores, top_ids = top_scores.float(), top_ids + start
-            if best_scores is not None:
+            if best_scores is not None:  # earlier chunks hold lower ids: a stable sort keeps them first among equals
                 top_scores, top_ids = torch.cat([best_scores, top_scores], 1), torch.cat([best_ids, top_ids], 1)
-                top_scores, order = top_scores.topk(min(k, top_scores.shape[1]), dim=1)
-                top_ids = top_ids.gather(1, order)
+                order = top_scores.argsort(dim=1, descending=True, stable=True)[:, :k]
+                top_scores, top_ids = top_scores.gather(1, order), top_ids.gather(1, order)
             best_scores, best_ids = top_scores, top_ids
     return best_scores.to(query_emb.device), best_ids.to(query_emb.device)
 
@@ -370,8 +393,10 @@ class RealmBlockIndex:
         candidates = self.block_emb[ids.clamp(min=0)].float()  # [Q, num_fetch, dim]
         scores = torch.bmm(candidates, q.unsqueeze(2)).squeeze(2)
         scores = scores.masked_fill(ids < 0, float("-inf"))
-        scores, order = scores.topk(k, dim=1)
-        ids = ids.gather(1, order)
+        by_id = ids.argsort(dim=1)  # then by score, stably: equal scores in id order, as exact search gives them
+        scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
+        order = scores.argsort(dim=1, descending=True, stable=True)[:, :k]
+        scores, ids = scores.gather(1, order), ids.gather(1, order)
 
         # faiss pads with -1 when it finds fewer than num_fetch blocks (e.g. IVF probing near-empty lists);
         # such queries fall back to exact search rather than returning made-up ids.

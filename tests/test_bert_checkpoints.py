@@ -59,18 +59,19 @@ def test_a_model_started_from_bert_saves_under_realm_keys_and_reloads_bit_exactl
     assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
     expected = model.state_dict()
     assert reloaded.state_dict().keys() == expected.keys()
+    # exact: saved and reloaded
     assert all(torch.equal(reloaded.state_dict()[key], value) for key, value in expected.items())
     # ... and what was saved is the user's BERT, not a fresh initialisation.
     for key, value in bert.items():
         if not key.startswith("pooler.") or "pooler.dense.weight" in bert:
-            assert torch.equal(reloaded.realm.state_dict()[key], value), key
+            assert torch.equal(reloaded.realm.state_dict()[key], value), key  # exact: copied, saved, reloaded
 
 
 def test_the_bert_mlm_head_becomes_the_knowledge_augmented_encoders(tmp_path):
     bert_checkpoint(tmp_path / "bert", "pretraining")
     head = BertForPreTraining.from_pretrained(tmp_path / "bert").cls.predictions.transform.dense.weight
     encoder = RealmKnowledgeAugEncoder.from_bert_pretrained(tmp_path / "bert")
-    assert torch.equal(encoder.cls.predictions.transform.dense.weight, head)
+    assert torch.equal(encoder.cls.predictions.transform.dense.weight, head)  # exact: copied from the checkpoint
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -152,6 +153,7 @@ def test_a_folder_saved_under_bert_keys_by_openrealm_0_1_still_loads_with_a_key_
     with pytest.raises(MissingWeightsError, match="key_mapping"):
         RealmEmbedder.from_pretrained(tmp_path / "old")
     recovered = RealmEmbedder.from_pretrained(tmp_path / "old", key_mapping={r"^bert\.": "realm."})
+    # exact: weights copied from the checkpoint
     assert torch.equal(recovered.realm.embeddings.word_embeddings.weight, bert["embeddings.word_embeddings.weight"])
 
 
@@ -160,11 +162,11 @@ def test_tower_loaders_take_every_bert_layout(layout, tmp_path):
     bert = bert_checkpoint(tmp_path / "bert", layout)
     embedder = towers.load_embedder(tmp_path / "bert")
     encoder = towers.load_encoder(tmp_path / "bert")
-    for tower in (embedder, encoder):
+    for tower in (embedder, encoder):  # exact: weights copied from the checkpoint
         assert torch.equal(tower.realm.embeddings.word_embeddings.weight, bert["embeddings.word_embeddings.weight"])
         assert torch.equal(
             tower.realm.encoder.layer[1].output.dense.weight, bert["encoder.layer.1.output.dense.weight"]
-        )
+        )  # exact: copied from the checkpoint
 
 
 def test_the_encoder_loader_takes_the_reader_of_an_open_qa_folder(tmp_path):
@@ -174,6 +176,7 @@ def test_the_encoder_loader_takes_the_reader_of_an_open_qa_folder(tmp_path):
     model = RealmForOpenQA(tiny_realm_config())
     model.save_pretrained(tmp_path / "openqa")
     encoder = towers.load_encoder(tmp_path / "openqa")
+    # exact: saved and reloaded
     assert all(torch.equal(encoder.realm.state_dict()[k], v) for k, v in model.reader.realm.state_dict().items())
 
 
@@ -188,7 +191,7 @@ def test_save_tower_writes_model_tokenizer_and_files_and_keeps_other_entries(tmp
     assert (tmp_path / "out" / "tokenizer_config.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     reloaded = RealmEmbedder.from_pretrained(tmp_path / "out")
-    assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in model.state_dict().items())  # exact: reloaded
 
 
 @pytest.mark.parametrize(

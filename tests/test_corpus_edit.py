@@ -44,7 +44,7 @@ def test_index_build_stores_the_embedder_snapshot_beside_the_index(indexed_corpu
     corpus, embedder = indexed_corpus
     stored = RealmRetriever.from_pretrained(corpus).index.load_embedder()
     for name, tensor in embedder.state_dict().items():
-        assert torch.equal(stored.state_dict()[name], tensor), name
+        assert torch.equal(stored.state_dict()[name], tensor), name  # exact: saved with the index, reloaded
 
 
 def test_added_article_gets_the_next_id_and_the_embedding_a_full_rebuild_gives(indexed_corpus, tmp_path):
@@ -69,7 +69,7 @@ def test_blocks_that_stay_keep_their_ids_records_and_embeddings(indexed_corpus, 
     edit_corpus(corpus, remove_titles=["london city"])
     after = RealmRetriever.from_pretrained(corpus)
     assert [after.block_records.record(i) for i in range(len(TEXTS))] == old_records
-    assert torch.equal(after.index.block_emb[: len(TEXTS)], old_emb)
+    assert torch.equal(after.index.block_emb[: len(TEXTS)], old_emb)  # exact: rows kept, not re-embedded
     assert after.index.removed_ids.tolist() == [TITLES.index("london city")]
 
 
@@ -148,7 +148,7 @@ def test_approximate_index_takes_additions_untrained_until_the_drift_then_says_r
     centroids = index.faiss_index.quantizer.reconstruct_n(0, 8).copy()
     grown = index.add(unit(150))  # 7.5% of the trained rows
     assert (grown.num_blocks, grown.faiss_index.ntotal, grown.needs_rebuild) == (2150, 2150, False)
-    assert np.array_equal(grown.faiss_index.quantizer.reconstruct_n(0, 8), centroids)  # not retrained
+    assert np.array_equal(grown.faiss_index.quantizer.reconstruct_n(0, 8), centroids)  # exact: not retrained
     _, ids = grown.search(grown.block_emb[2000:], 1)
     assert ids.squeeze(1).tolist() == list(range(2000, 2150))  # the added blocks are found
     assert grown.add(unit(60)).needs_rebuild  # 10.5% > max_drift 10%

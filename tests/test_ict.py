@@ -240,7 +240,7 @@ def test_ict_model_wraps_the_embedder_unchanged_and_freezes_only_its_mlm_head():
     model = ict.IctModel(embedder.config, embedder)
     assert model.embedder is embedder
     for name, tensor in embedder.state_dict().items():
-        assert torch.equal(tensor, before[name]), name
+        assert torch.equal(tensor, before[name]), name  # exact: the same tensors, untouched
     frozen = {name for name, p in embedder.named_parameters() if not p.requires_grad}
     assert frozen and all(name.startswith("cls.predictions.") for name in frozen)
     assert embedder.cls.dense.weight.requires_grad and embedder.realm.pooler.dense.weight.requires_grad
@@ -371,6 +371,7 @@ def test_train_ict_saves_a_loadable_embedder_and_resumes(world_corpus, tmp_path,
     assert main([*train_args(world_corpus, output, "--max-steps", "4", *extra, "--resume-from-checkpoint")]) == 0
     state = json.loads((output / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4 and state["log_history"][0]["step"] == 2  # the first run's evaluation
+    # exact: any change at all means the run trained
     assert not torch.equal(RealmEmbedder.from_pretrained(output).cls.dense.weight, embedder.cls.dense.weight)
 
 

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import assert_same_top_k
 from safetensors.torch import save_file
 
 from openrealm import index_realm
@@ -75,9 +76,32 @@ def test_chunked_exact_equals_unchunked(data):
     scores, ids = torch_exact_search(blocks, queries, 7, chunk_size=NUM_BLOCKS)
     # 333 does not divide 5000 (ragged last chunk); chunks of 3 rows hold fewer blocks than k=7.
     for chunk_size in (333, 3):
-        chunk_scores, chunk_ids = torch_exact_search(blocks, queries, 7, chunk_size=chunk_size)
-        torch.testing.assert_close(chunk_scores, scores)
-        assert torch.equal(chunk_ids, ids)
+        # other chunk shapes, other kernels: the same ids, the scores to float32 rounding
+        assert_same_top_k(torch_exact_search(blocks, queries, 7, chunk_size=chunk_size), (scores, ids))
+
+
+def duplicated_integer_blocks(num_blocks: int = 40, dim: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of small integers in which block 5 appears 6 times (ids 5, 11, 12, 23, 30, 38), and a query equal to it:
+    inner products of small integers are exact in float32 on every kernel, so the copies tie exactly."""
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(-3, 4, (num_blocks, dim), generator=g).float()
+    blocks[[11, 12, 23, 30, 38]] = blocks[5].clone()
+    return blocks, blocks[5:6].clone()
+
+
+@pytest.mark.parametrize("chunk_size", [None, 7, 3, 1])
+def test_equal_scores_go_to_the_lowest_ids_whatever_the_chunk_size(chunk_size):
+    blocks, query = duplicated_integer_blocks()
+    scores, ids = torch_exact_search(blocks, query, 4, chunk_size=chunk_size)
+    assert ids.tolist() == [[5, 11, 12, 23]]  # 6 copies tie for the top: the 4 lowest ids, in order
+    assert scores.tolist() == [[float(blocks[5] @ blocks[5])] * 4]  # exact: integer inner products
+
+
+@pytest.mark.parametrize("index_type", ["exact", "flat"])
+def test_an_index_returns_tied_duplicate_blocks_in_id_order(index_type):
+    blocks, query = duplicated_integer_blocks()
+    _, ids = RealmBlockIndex.build(blocks, index_type).remove([11]).search(query, 6)
+    assert ids[0, :5].tolist() == [5, 12, 23, 30, 38]
 
 
 def test_flat_recall_is_exact(data, indexes):
@@ -132,7 +156,7 @@ def test_faiss_missing_results_fall_back_to_exact(data):
 def test_embeddings_returns_rows_for_any_id_shape(data, indexes):
     blocks, _ = data
     ids = torch.tensor([[0, 7], [4999, 12]])
-    assert torch.equal(indexes["ivf"].embeddings(ids), blocks[ids])
+    assert torch.equal(indexes["ivf"].embeddings(ids), blocks[ids])  # exact: rows copied out of block_emb
     with pytest.raises(IndexError, match="block ids"):
         indexes["exact"].embeddings(torch.tensor([-1]))
 
@@ -151,8 +175,7 @@ def test_save_load_roundtrip(data, indexes, tmp_path, index_type):
     index.save_pretrained(tmp_path / "index")
     loaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
     assert (loaded.index_type, loaded.version, loaded.params) == (index_type, 3, index.params)
-    for got, want in zip(loaded.search(data[1], 5), index.search(data[1], 5)):
-        assert torch.equal(got, want)
+    assert_same_top_k(loaded.search(data[1], 5), index.search(data[1], 5))
     expected_files = {INDEX_CONFIG_NAME, BLOCK_EMB_NAME} | ({FAISS_INDEX_NAME} if index_type != "exact" else set())
     assert {p.name for p in (tmp_path / "index").iterdir()} == expected_files
 
@@ -176,6 +199,7 @@ def test_saving_an_unchanged_loaded_index_links_its_embeddings_instead_of_rewrit
     loaded.save_pretrained(tmp_path / "index")  # over the folder it was loaded from
     files = [tmp_path / folder / BLOCK_EMB_NAME for folder in ("index", "copy")]
     assert files[0].stat().st_ino == files[1].stat().st_ino  # one file on disk, 6.8 GB not written twice
+    # exact: saved and reloaded
     assert torch.equal(RealmBlockIndex.from_pretrained(tmp_path / "index").block_emb, indexes["exact"].block_emb)
 
 
@@ -185,7 +209,8 @@ def test_an_index_written_in_place_after_loading_saves_its_new_values(indexes, t
     loaded.block_emb[3].fill_(0.5)  # a copy-on-write page: the file keeps the old values
     loaded.save_pretrained(tmp_path / "changed")
     saved = RealmBlockIndex.from_pretrained(tmp_path / "changed").block_emb
-    assert torch.equal(saved[3], torch.full_like(saved[3], 0.5))
+    assert torch.equal(saved[3], torch.full_like(saved[3], 0.5))  # exact: the value written, saved and reloaded
+    # exact: the file it was loaded from, reloaded
     assert torch.equal(RealmBlockIndex.from_pretrained(tmp_path / "index").block_emb, indexes["exact"].block_emb)
     assert (tmp_path / "changed" / BLOCK_EMB_NAME).stat().st_nlink == 1
 
@@ -208,7 +233,7 @@ def test_saved_embeddings_are_plain_safetensors(indexes, tmp_path):
 
     indexes["exact"].save_pretrained(tmp_path / "index")
     with safe_open(str(tmp_path / "index" / BLOCK_EMB_NAME), framework="pt") as f:
-        assert torch.equal(f.get_tensor("block_emb"), indexes["exact"].block_emb)
+        assert torch.equal(f.get_tensor("block_emb"), indexes["exact"].block_emb)  # exact: saved and read back
 
 
 def test_save_replaces_an_existing_index(data, indexes, tmp_path):
@@ -224,8 +249,8 @@ def test_save_over_the_directory_it_was_loaded_from(data, indexes, tmp_path):
     loaded.version = 4
     loaded.save_pretrained(tmp_path / "index")
     reloaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
-    assert reloaded.version == 4 and torch.equal(reloaded.block_emb, data[0])
-    assert torch.equal(reloaded.search(data[1], 5)[1], indexes["ivf"].search(data[1], 5)[1])
+    assert reloaded.version == 4 and torch.equal(reloaded.block_emb, data[0])  # exact: saved and reloaded
+    assert_same_top_k(reloaded.search(data[1], 5), indexes["ivf"].search(data[1], 5))
 
 
 def test_failed_save_leaves_previous_index_intact(data, indexes, tmp_path, monkeypatch):
@@ -392,13 +417,11 @@ def test_gpu_exact_and_flat_match_cpu(data, indexes):
     exact = RealmBlockIndex.build(blocks, "exact").to("cuda")
     scores, ids = exact.search(queries.cuda(), 5)
     assert ids.device.type == "cuda"
-    assert torch.equal(ids.cpu(), cpu_ids)
-    torch.testing.assert_close(scores.cpu(), cpu_scores, rtol=1e-4, atol=1e-3)
+    assert_same_top_k((scores.cpu(), ids.cpu()), (cpu_scores, cpu_ids), rtol=1e-4, atol=1e-3)
     if index_realm.faiss is not None and index_realm.faiss.get_num_gpus() > 0:
         flat = RealmBlockIndex.build(blocks, "flat").to("cuda")
         scores, ids = flat.search(queries.cuda(), 5)
-        assert torch.equal(ids.cpu(), cpu_ids)
-        torch.testing.assert_close(scores.cpu(), cpu_scores, rtol=1e-4, atol=1e-3)
+        assert_same_top_k((scores.cpu(), ids.cpu()), (cpu_scores, cpu_ids), rtol=1e-4, atol=1e-3)
 
 
 def test_metadata_round_trips_through_save_and_load(tmp_path):

@@ -74,6 +74,7 @@ def test_input_worker_processes_give_the_same_embeddings(corpus):
     embedder, blocks, tokenizer = tiny_embedder(), load_corpus(corpus), fixture_tokenizer()
     in_process = embed_blocks(embedder, blocks, tokenizer, batch_size=2, progress=False)
     with_workers = embed_blocks(embedder, blocks, tokenizer, batch_size=2, num_workers=2, progress=False)
+    # exact: workers only tokenize; the embedder sees the same batches in the same process
     torch.testing.assert_close(with_workers, in_process, atol=0, rtol=0)
 
 
@@ -197,7 +198,7 @@ def test_open_qa_and_scorer_folders_give_their_embedder_tower(model_class, folde
     embedder = load_embedder(fixture_folder(folder, layout))
     expected = model_class.from_pretrained(fixture_folder(folder, layout)).embedder.state_dict()
     assert type(embedder) is RealmEmbedder and embedder.state_dict().keys() == expected.keys()
-    assert all(torch.equal(embedder.state_dict()[key], value) for key, value in expected.items())
+    assert all(torch.equal(embedder.state_dict()[key], value) for key, value in expected.items())  # exact: loaded
 
 
 def test_missing_corpus_is_an_error_naming_it(tmp_path):

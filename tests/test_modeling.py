@@ -36,7 +36,7 @@ def test_default_save_pretrained_round_trips_exactly(model_class, tmp_path):
     expected = model.state_dict()
     assert reloaded.state_dict().keys() == expected.keys()
     for key, value in reloaded.state_dict().items():
-        assert torch.equal(value, expected[key]), key
+        assert torch.equal(value, expected[key]), key  # exact: saved and reloaded
 
 
 @pytest.mark.parametrize("model_class", CLASSES, ids=lambda cls: cls.__name__)
@@ -184,12 +184,14 @@ def test_from_bert_pretrained_loads_bert_prefixed_weights_under_realm(tmp_path):
     assert set(info["missing_keys"]) == set()
     assert set(info["unexpected_keys"]) == set()
     assert encoder.config.hidden_act == "gelu" and encoder.config.pad_token_id == 0
-    assert torch.equal(
+    assert torch.equal(  # exact: copied from the checkpoint
         encoder.realm.encoder.layer[1].output.dense.weight, bert.bert.encoder.layer[1].output.dense.weight
     )
+    # exact: copied from the checkpoint
     assert torch.equal(encoder.cls.predictions.transform.dense.weight, bert.cls.predictions.transform.dense.weight)
     embedder = RealmEmbedder.from_bert_pretrained(tmp_path, retriever_proj_size=8)
     assert embedder.cls.dense.weight.shape == (8, 32)
+    # exact: copied from the checkpoint
     assert torch.equal(embedder.realm.embeddings.word_embeddings.weight, bert.bert.embeddings.word_embeddings.weight)
 
 

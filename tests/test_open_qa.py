@@ -102,7 +102,9 @@ def test_output_carries_retrieved_block_ids_and_scores_best_first(model, tokeniz
         ).projected_score[0]
     )
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
-    assert output.predicted_block_ids[0].item() in output.retrieved_block_ids[0, :3].tolist()
+    # the block the reader's best span came from (which one, for a random reader, is a near-tie other kernels break
+    # otherwise)
+    assert output.predicted_block_ids[0].item() == output.retrieved_block_ids[0, output.reader_output.block_idx].item()
 
 
 def test_training_mode_retrieves_the_searcher_beam_and_trains_the_query_tower(tokenizer):

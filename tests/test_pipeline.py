@@ -93,7 +93,8 @@ def test_return_blocks_lists_every_retrieved_block_best_first_and_marks_those_re
     read = {block["block_id"]: block["retrieval_score"] for block in blocks[:2]}
     for answer in result["answers"]:
         assert answer["retrieval_score"] == pytest.approx(read[answer["block_id"]])
-    assert result["answers"] == qa(QUESTIONS[0], top_k=2, num_blocks=2)
+    # retrieving 5 blocks instead of 2 scores them in other shapes: the same answers, scores to float32 rounding
+    assert result["answers"] == [pytest.approx(answer) for answer in qa(QUESTIONS[0], top_k=2, num_blocks=2)]
 
 
 def test_return_blocks_lists_at_least_the_blocks_read(qa):

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import assert_same_top_k
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 
@@ -102,7 +103,8 @@ class Steps:
 
 
 def weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    """Bit for bit: the snapshots and reloads compared are copies, and any training step changes some weight."""
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))  # exact: above
 
 
 def test_sync_refresh_swaps_every_n_steps_and_bumps_the_version(corpus, tmp_path):
@@ -181,7 +183,7 @@ def test_async_builder_of_a_sharded_run_writes_one_file_per_rank_and_the_example
     assert isinstance(examples.index, ShardedBlockIndex) and examples.index.version == 1
     queries = torch.randn(3, examples.index.dim, generator=torch.Generator().manual_seed(0))
     whole = RealmBlockIndex.from_pretrained(folder)
-    assert torch.equal(examples.index.search(queries, 5)[1], whole.search(queries, 5)[1])
+    assert_same_top_k(examples.index.search(queries, 5), whole.search(queries, 5))
 
 
 def test_async_build_runs_in_another_process_without_blocking_the_steps(corpus, tmp_path):
@@ -374,6 +376,7 @@ def test_async_snapshot_holds_the_parameters_of_its_step_while_training_goes_on(
         steps.step()  # the optimiser stand-in changes the embedder in place meanwhile
     callback.builder_process(timeout=30)
     saved = RealmEmbedder.from_pretrained(tmp_path / "index" / SNAPSHOTS_DIR / "step-2")
+    # exact: the snapshot is a copy of the weights at step 2
     assert all(torch.equal(saved.state_dict()[name], value) for name, value in at_step_2.items())
     assert not weights_equal(saved, embedder)
     run_until_swap(steps)

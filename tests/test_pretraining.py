@@ -331,7 +331,7 @@ def test_gradients_reach_the_embedder_from_the_query_and_the_document_side(realm
 def test_embedding_dropout_acts_in_train_mode_only(realm_batch):
     model = make_model()
     eval_scores = [model(**realm_batch).relevance_score for _ in range(2)]
-    assert torch.equal(eval_scores[0], eval_scores[1])
+    assert torch.equal(eval_scores[0], eval_scores[1])  # exact: the same call twice, no dropout
     model.train()
     train_scores = [model(**realm_batch).relevance_score for _ in range(2)]
     assert not torch.allclose(train_scores[0], train_scores[1])

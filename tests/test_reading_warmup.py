@@ -110,8 +110,9 @@ def test_command_saves_the_trained_encoder_with_its_history(world_folder, tmp_pa
                          parse_config_overrides(TINY), seed=1)  # fmt: skip
     assert isinstance(encoder, RealmKnowledgeAugEncoder) and encoder.config.hidden_size == 32
     trained, rerun, initial = encoder.state_dict(), again.state_dict(), start.state_dict()
-    assert all(torch.equal(trained[name], rerun[name]) for name in trained)  # the same seed trains the same weights
-    assert not torch.equal(
+    # exact: the same seed trains the same weights (the same computation twice in one process); any change is training
+    assert all(torch.equal(trained[name], rerun[name]) for name in trained)
+    assert not torch.equal(  # exact: see above
         trained["realm.embeddings.word_embeddings.weight"], initial["realm.embeddings.word_embeddings.weight"]
     )
     summary = json.loads((tmp_path / "reader" / "reading_warmup.json").read_text())

@@ -83,7 +83,7 @@ def assert_loaded_as_saved(loads, name: str, folder: Path, rename=lambda key: ke
     for key, tensor in saved.items():
         if key.startswith(skip):
             continue
-        assert torch.equal(state[rename(key)], tensor), key
+        assert torch.equal(state[rename(key)], tensor), key  # exact: loaded from the saved file
         compared += 1
     assert compared >= 20
 
@@ -113,10 +113,11 @@ def test_a_user_road_from_a_bert_checkpoint_to_the_pipeline(tmp_path, recorded_l
     assert (name, path) == ("RealmEmbedder", bert_dir.resolve()) and missing == set()
     for key, tensor in bert.items():
         if key.startswith("bert."):
-            assert torch.equal(state["realm." + key[len("bert.") :]], tensor), key
+            assert torch.equal(state["realm." + key[len("bert.") :]], tensor), key  # exact: copied from BERT
     assert json.loads((ict / "ict_training.json").read_text())["block_seq_len"] == 128  # lowered from 288
     # Its last checkpoint (the whole IctModel) holds the embedder it saved.
     from_checkpoint = towers.load_embedder(ict / "checkpoint-3").state_dict()
+    # exact: both saved from the same weights, reloaded
     assert all(torch.equal(from_checkpoint[key], value) for key, value in load_file(ict / "model.safetensors").items())
 
     # 3. An index of the ICT embedder.
@@ -176,6 +177,7 @@ def test_a_user_road_from_a_bert_checkpoint_to_the_pipeline(tmp_path, recorded_l
 
     # 8. The pipeline, in a fresh process, from the pushed folder: the weights pushed, the answer evaluated.
     question = evaluation["predictions"][0]["question"]
+    # exact (in the script): the pipeline's weights are loaded from the saved file
     script = (
         "import json, sys, torch, openrealm\n"
         "from safetensors.torch import load_file\n"
