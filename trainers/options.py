@@ -385,14 +385,22 @@ def index_build(parser: argparse.ArgumentParser, served: bool = False) -> None:
         help="index parameter, repeatable (e.g. nlist=4096, nprobe=32, m=32, ef_search=64, pq_m=32)",
     )
     if not served:
-        parser.add_argument("--version", type=int, default=None, help="index version (default: previous + 1, or 0)")
+        parser.add_argument(
+            "--version", type=int, default=None, help="index version, >= 0 (default: one past the highest, or 0)"
+        )
         parser.add_argument(
             "--layout",
             choices=("versioned", "plain"),
             default="versioned",
             help="versioned: OUTPUT/vNNNNNN/{block_index,build_info.json}; plain: OUTPUT is the index folder itself",
         )
-        parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
+        parser.add_argument(
+            "--keep",
+            type=positive_int,
+            default=None,
+            help="keep only the newest KEEP versions and the one written (default all); folders that hold no index "
+            "are never removed",
+        )
     parser.add_argument(
         "--num-shards",
         type=int,
