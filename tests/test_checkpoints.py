@@ -5,6 +5,7 @@ checkpoint-N, and `--resume-from-checkpoint` continues from the newest whole che
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,11 +43,11 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def job_argv(job: str, corpus: Path, output: Path, max_steps: int) -> list[str]:
-    """`openrealm train JOB` at a tiny size, saving a checkpoint every step."""
+def job_argv(job: str, corpus: Path, output: Path, max_steps: int, kept: int = 5) -> list[str]:
+    """`openrealm train JOB` at a tiny size, saving a checkpoint every step and keeping `kept`."""
     argv = ["train", job, "--corpus", str(corpus), "--init", "random", "--output", str(output), "--batch-size", "4"]
     argv += ["--config-overrides", TINY, "--max-steps", str(max_steps), "--warmup-steps", "1", "--save-steps", "1"]
-    argv += ["--save-total-limit", "5"]
+    argv += ["--save-total-limit", str(kept)]
     if job == "ict":
         return argv + ["--no-progress", "--query-seq-len", "16", "--block-seq-len", "64"]
     return argv + ["--quiet", "--max-seq-len", "64", "--eval-blocks", "0"]
@@ -114,6 +115,17 @@ def test_a_full_disk_during_a_save_leaves_no_checkpoint_of_that_step(job, corpus
     assert "openrealm: error: " in capsys.readouterr().err
     assert checkpoint_names(output) == ["checkpoint-1"]
     assert hidden_entries(output) == []  # the staging folder of step 2 went with the failure
+
+
+def test_rotation_never_removes_the_checkpoint_just_written(corpus, tmp_path):
+    output = tmp_path / "out"
+    assert main(job_argv("ict", corpus, output, 3)) == 0
+    shutil.rmtree(output / "checkpoint-2")
+    # Resumed from step 1 beside a newer checkpoint-3, keeping one: step 2's checkpoint is the one just written.
+    resumed = job_argv("ict", corpus, output, 2, kept=1) + ["--resume-from-checkpoint", str(output / "checkpoint-1")]
+    assert main(resumed) == 0
+    assert checkpoint_names(output) == ["checkpoint-2", "checkpoint-3"]
+    assert json.loads((output / "checkpoint-2" / TRAINER_STATE_NAME).read_text())["global_step"] == 2
 
 
 def write_checkpoint(folder: Path, step: int, *files: str) -> Path:

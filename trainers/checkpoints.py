@@ -19,7 +19,7 @@ from pathlib import Path
 
 from transformers import Trainer
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from openrealm.file_utils import apply_umask_modes, replace_folder
 
@@ -67,7 +67,7 @@ class StagedCheckpointTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint plus checkpoint_extras, written into OUTPUT/.staging-checkpoint-N/ and renamed to
-        OUTPUT/checkpoint-N once complete; then rotation and `checkpoint_saved`. A failure removes the staging folder.
+        OUTPUT/checkpoint-N once complete; then rotation (`rotate_checkpoints`) and `checkpoint_saved`. A failure removes the staging folder.
 
         Several processes: the staging folder has a fixed name, so every rank writes into the same one (each rank its
         rng_state_R.pth); the main process alone writes the rest and renames, between barriers."""
@@ -95,12 +95,8 @@ class StagedCheckpointTrainer(Trainer):
                 apply_umask_modes(staging / name)  # safetensors writes 0600
                 # a run resumed before this step: the newer state replaces the old one, all at once
                 replace_folder(staging / name, run_dir / name)
-                rotate_checkpoints(
-                    output_dir=str(run_dir),
-                    save_total_limit=self.args.save_total_limit,
-                    best_model_checkpoint=self.state.best_model_checkpoint,
-                    use_mtime=False,
-                )
+                protected = {run_dir / name, Path(self.state.best_model_checkpoint or run_dir / name)}
+                rotate_checkpoints(run_dir, self.args.save_total_limit, protected)
                 self.checkpoint_saved(run_dir)
         finally:
             if main:
@@ -109,6 +105,21 @@ class StagedCheckpointTrainer(Trainer):
 
     def checkpoint_saved(self, run_dir: Path) -> None:
         """Called on the main process after a checkpoint appeared under run_dir and rotation ran (nothing here)."""
+
+
+def rotate_checkpoints(run_dir: Path, limit: int | None, protected: Iterable[Path] = ()) -> list[Path]:
+    """Delete the oldest run_dir/checkpoint-N (by N) beyond `limit` (None or < 1: none), never a protected one (the
+    checkpoint just written, which a run resumed from an older checkpoint writes below the newest; the best) nor the
+    newest. transformers' rotate_checkpoints protects only the newest and the best. Returns the deleted folders."""
+    found = sorted((int(m[1]), path) for path in run_dir.iterdir() if (m := CHECKPOINT_PATTERN.match(path.name)))
+    if not limit or limit < 1 or len(found) <= limit:
+        return []
+    protected = {path.absolute() for path in protected} | {found[-1][1].absolute()}
+    deletable = [path for _, path in found if path.absolute() not in protected]
+    deleted = deletable[: max(0, len(found) - max(limit, len(found) - len(deletable)))]
+    for path in deleted:
+        shutil.rmtree(path, ignore_errors=True)
+    return deleted
 
 
 def is_staging_leftover(name: str) -> bool:
