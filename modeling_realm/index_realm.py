@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from .block_records import MAX_SAFETENSORS_HEADER
 from .file_utils import atomic_directory, file_mapping, link_or_copy
 
 try:
@@ -1010,8 +1011,11 @@ def _mmap_safetensors(path: Path) -> tuple[torch.Tensor, np.memmap]:
     with open(path, "rb") as f:
         prefix = f.read(8)
         header_len = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
-        if not 0 < header_len <= size - 8:
-            raise ValueError(f"{path} is not a safetensors file (bad header length)")
+        if not 0 < header_len <= min(MAX_SAFETENSORS_HEADER, size - 8):
+            raise ValueError(
+                f"{path} is not a safetensors file: header length {header_len} is not within 1 to "
+                f"{min(MAX_SAFETENSORS_HEADER, size - 8)} (the file's size, and safetensors' limit)"
+            )
         try:
             entry = json.loads(f.read(header_len)).get("block_emb")
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:

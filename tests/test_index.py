@@ -342,6 +342,16 @@ def test_a_faiss_file_too_short_for_the_vectors_its_header_claims_is_refused(ind
         RealmBlockIndex.from_pretrained(tmp_path / "index")
 
 
+def test_a_block_emb_header_longer_than_safetensors_allows_is_refused_before_it_is_read(indexes, tmp_path):
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    path = tmp_path / "index" / BLOCK_EMB_NAME
+    with open(path, "wb") as file:  # a header length of 200 MB, and a (sparse) file that long
+        file.write(struct.pack("<Q", 200_000_000))
+        file.truncate(8 + 200_000_000)
+    with pytest.raises(ValueError, match=f"{BLOCK_EMB_NAME} is not a safetensors file: header length 200000000"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
 def hnsw_neighbors_length_offset(data: bytes) -> int:
     """Where an IndexHNSWFlat file stores the length of its graph's neighbor list. The file is the fourcc and the index
     header (37 bytes), then the HNSW vectors, each a uint64 length and its items: assign_probas (float64),
