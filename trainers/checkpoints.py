@@ -67,7 +67,8 @@ class StagedCheckpointTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint plus checkpoint_extras, written into OUTPUT/.staging-checkpoint-N/ and renamed to
-        OUTPUT/checkpoint-N once complete; then rotation (`rotate_checkpoints`) and `checkpoint_saved`. A failure removes the staging folder.
+        OUTPUT/checkpoint-N once complete; then rotation (`rotate_checkpoints`) and `checkpoint_saved`. A failure
+        removes the staging folder.
 
         Several processes: the staging folder has a fixed name, so every rank writes into the same one (each rank its
         rng_state_R.pth); the main process alone writes the rest and renames, between barriers."""
