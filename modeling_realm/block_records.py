@@ -33,7 +33,7 @@ FORMAT = "openrealm.block_records"
 FORMAT_VERSION = "1"
 # Tensor order in the file: int64 tensors first, so that every tensor is aligned to its item size.
 _LAYOUT = (("title_offsets", "I64", 8), ("text_offsets", "I64", 8), ("title_bytes", "U8", 1), ("text_bytes", "U8", 1))
-_MAX_HEADER = 100_000_000  # the limit safetensors itself enforces
+MAX_SAFETENSORS_HEADER = 100_000_000  # bytes of JSON header: the limit safetensors itself enforces
 _CHUNK = 1 << 20
 
 
@@ -62,7 +62,7 @@ class BlockRecords:
             if len(prefix) < 8:
                 raise ValueError(f"{path} is not a block records file: {size} bytes is too short for a header")
             header_len = struct.unpack("<Q", prefix)[0]
-            if header_len > min(_MAX_HEADER, size - 8):
+            if header_len > min(MAX_SAFETENSORS_HEADER, size - 8):
                 raise ValueError(f"{path} is not a block records file: header length {header_len} exceeds the file")
             try:
                 header = json.loads(f.read(header_len))

@@ -17,6 +17,7 @@ import math
 import os
 import re
 import struct
+import threading
 import warnings
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from .block_records import MAX_SAFETENSORS_HEADER
 from .file_utils import atomic_directory, file_mapping, link_or_copy
 
 try:
@@ -526,7 +528,9 @@ class RealmBlockIndex:
         config, block_emb, mmap = _open_index_folder(directory)
         faiss_index = None
         if config["index_type"] != "exact":
-            faiss_index = _read_faiss(directory / FAISS_INDEX_NAME, config["index_type"], block_emb.shape)
+            faiss_index = _read_faiss(
+                directory / FAISS_INDEX_NAME, config["index_type"], block_emb.shape, config["params"]
+            )
         embedder_dir = directory / EMBEDDER_DIR
         index = cls(
             block_emb,
@@ -1032,8 +1036,11 @@ def _mmap_safetensors(path: Path) -> tuple[torch.Tensor, np.memmap]:
     with open(path, "rb") as f:
         prefix = f.read(8)
         header_len = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
-        if not 0 < header_len <= size - 8:
-            raise ValueError(f"{path} is not a safetensors file (bad header length)")
+        if not 0 < header_len <= min(MAX_SAFETENSORS_HEADER, size - 8):
+            raise ValueError(
+                f"{path} is not a safetensors file: header length {header_len} is not within 1 to "
+                f"{min(MAX_SAFETENSORS_HEADER, size - 8)} (the file's size, and safetensors' limit)"
+            )
         try:
             entry = json.loads(f.read(header_len)).get("block_emb")
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
@@ -1086,15 +1093,70 @@ def _check_faiss_header(path: Path, index_type: str, shape: torch.Size) -> None:
         raise ValueError(f"{path} is truncated: {size} bytes cannot hold {shape[0]} {index_type} vectors ({least}+)")
 
 
-def _read_faiss(path: Path, index_type: str, shape: torch.Size):
+_FAISS_LIMITS_LOCK = threading.Lock()  # the deserialization limits are process-wide settings of faiss
+
+
+def _faiss_byte_limit(path: Path, index_type: str, dim: int, params: dict) -> int:
+    """The most bytes faiss may allocate at once while reading `path`: a vector stored in the file cannot be longer
+    than the file. One allocation is derived rather than read: an IVFPQ index's precomputed table (nlist x pq_m x
+    2**pq_bits floats), which faiss checks against the same limit; its sizes come from the index config, each bounded
+    by the file, which stores nlist coarse centroids and 2**pq_bits PQ centroids of `dim` floats."""
+    size = path.stat().st_size
+    if index_type != "ivfpq":
+        return size
+    try:
+        nlist, pq_m, pq_bits = (int(params[name]) for name in ("nlist", "pq_m", "pq_bits"))
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: the index config's ivfpq params lack nlist, pq_m or pq_bits ({error!r})") from error
+    if not (0 < nlist and 0 < pq_m <= dim and 0 < pq_bits < 64) or max(nlist, 2**pq_bits) * dim * 4 > size:
+        raise ValueError(
+            f"{path} ({size:,} bytes) cannot hold the IVFPQ index its config describes (nlist={nlist}, pq_m={pq_m}, "
+            f"pq_bits={pq_bits}, dim={dim}): the file or its index_config.json is corrupted"
+        )
+    return max(size, (nlist * pq_m * 2**pq_bits + 1) * 4)  # faiss wants the table's floats below limit / 4
+
+
+def _read_faiss_bounded(path: Path, byte_limit: int):
+    """faiss.read_index(path) with faiss's deserialization limits lowered for this read: no vector longer than
+    byte_limit bytes, no loop over more entries (lists, levels) than the file has bytes. faiss's defaults (1 TiB per
+    vector, no loop limit) let a crafted length inside the file decide what is allocated before the read fails. The
+    limits in force before are restored afterwards; a faiss without a limit's setter reads without it."""
+    size = path.stat().st_size
+    limits = [
+        (
+            getattr(faiss, f"get_deserialization_{name}_limit"),
+            getattr(faiss, f"set_deserialization_{name}_limit"),
+            value,
+        )
+        for name, value in (("vector_byte", byte_limit + 1), ("loop", size + 1))
+        if hasattr(faiss, f"set_deserialization_{name}_limit")
+    ]
+    with _FAISS_LIMITS_LOCK:
+        before = [get() for get, _, _ in limits]
+        for (_, set_limit, value), old in zip(limits, before):
+            set_limit(min(old, value) if old else value)  # 0: no limit
+        try:
+            return faiss.read_index(str(path))
+        except RuntimeError as error:
+            reason = str(error).strip().splitlines()[-1]
+            if "deserialization" in reason:
+                raise ValueError(
+                    f"{path} is corrupted: a length inside it exceeds what its {size:,} bytes can hold ({reason})"
+                ) from error
+            raise ValueError(f"{path} is not a readable faiss index ({reason})") from error
+        except MemoryError as error:
+            raise ValueError(f"{path} is not a readable faiss index (faiss ran out of memory reading it)") from error
+        finally:
+            for (_, set_limit, _), old in zip(limits, before):
+                set_limit(old)
+
+
+def _read_faiss(path: Path, index_type: str, shape: torch.Size, params: dict):
     _require_faiss(index_type)
     if not path.is_file():
         raise FileNotFoundError(f"missing faiss index {path} (needed by index type '{index_type}')")
     _check_faiss_header(path, index_type, shape)
-    try:
-        index = faiss.read_index(str(path))
-    except RuntimeError as error:
-        raise ValueError(f"{path} is not a readable faiss index ({error})") from error
+    index = _read_faiss_bounded(path, _faiss_byte_limit(path, index_type, shape[1], params))
     if not isinstance(index, getattr(faiss, _FAISS_CLASSES[index_type])):
         raise ValueError(
             f"{path} holds a {type(index).__name__}, expected {_FAISS_CLASSES[index_type]} for '{index_type}'"

@@ -2,6 +2,7 @@
 
 import json
 import struct
+import subprocess
 import sys
 
 import numpy as np
@@ -363,6 +364,71 @@ def test_a_faiss_file_too_short_for_the_vectors_its_header_claims_is_refused(ind
     path = tmp_path / "index" / FAISS_INDEX_NAME
     path.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(ValueError, match=f"{FAISS_INDEX_NAME} is truncated: 1000 bytes cannot hold {NUM_BLOCKS}"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def test_a_block_emb_header_longer_than_safetensors_allows_is_refused_before_it_is_read(indexes, tmp_path):
+    indexes["exact"].save_pretrained(tmp_path / "index")
+    path = tmp_path / "index" / BLOCK_EMB_NAME
+    with open(path, "wb") as file:  # a header length of 200 MB, and a (sparse) file that long
+        file.write(struct.pack("<Q", 200_000_000))
+        file.truncate(8 + 200_000_000)
+    with pytest.raises(ValueError, match=f"{BLOCK_EMB_NAME} is not a safetensors file: header length 200000000"):
+        RealmBlockIndex.from_pretrained(tmp_path / "index")
+
+
+def hnsw_neighbors_length_offset(data: bytes) -> int:
+    """Where an IndexHNSWFlat file stores the length of its graph's neighbor list. The file is the fourcc and the index
+    header (37 bytes), then the HNSW vectors, each a uint64 length and its items: assign_probas (float64),
+    cum_nneighbor_per_level (int32), levels (int32), offsets (uint64), neighbors (int32)."""
+    position = 37
+    for item_size in (8, 4, 4, 8):
+        position += 8 + item_size * struct.unpack_from("<Q", data, position)[0]
+    return position
+
+
+# Loads an index folder in a process whose address space is capped at 512 MiB above what it uses once imported:
+# faiss allocating what a crafted length claims would fail there (std::bad_alloc) instead of taking the memory.
+CAPPED_LOAD = """
+import resource, sys
+import faiss
+from openrealm import RealmBlockIndex
+
+used = next(int(line.split()[1]) << 10 for line in open("/proc/self/status") if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (used + (512 << 20), resource.RLIM_INFINITY))
+try:
+    RealmBlockIndex.from_pretrained(sys.argv[1])
+except ValueError as error:
+    sys.exit(f"ValueError: {error}")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
+@pytest.mark.parametrize("inner_length", ["hnsw neighbors", "ivf inverted lists"])
+def test_a_crafted_length_inside_a_faiss_file_is_refused_before_faiss_allocates_it(indexes, tmp_path, inner_length):
+    index_type = inner_length.split()[0]
+    indexes[index_type].save_pretrained(tmp_path / "index")
+    path = tmp_path / "index" / FAISS_INDEX_NAME
+    data = bytearray(path.read_bytes())
+    # 2**36 items: 256 GiB of neighbor ids, or 2**36 inverted lists (the count after the lists' "ilar" tag).
+    offset = hnsw_neighbors_length_offset(data) if index_type == "hnsw" else data.find(b"ilar") + 4
+    struct.pack_into("<Q", data, offset, 1 << 36)
+    path.write_bytes(data)
+    child = subprocess.run(
+        [sys.executable, "-c", CAPPED_LOAD, str(tmp_path / "index")], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 1, child.stderr[-2000:]
+    last = child.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ValueError: {path} is corrupted: a length inside it exceeds what its {len(data):,} bytes")
+
+
+def test_an_ivfpq_config_describing_more_centroids_than_its_faiss_file_holds_is_refused(indexes, tmp_path):
+    # The config's nlist and pq sizes decide how much faiss may allocate for the table it derives from them.
+    indexes["ivfpq"].save_pretrained(tmp_path / "index")
+    config = json.loads((tmp_path / "index" / INDEX_CONFIG_NAME).read_text())
+    config["params"]["nlist"] = 1 << 40
+    (tmp_path / "index" / INDEX_CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"{FAISS_INDEX_NAME} .* cannot hold the IVFPQ index its config describes"):
         RealmBlockIndex.from_pretrained(tmp_path / "index")
 
 

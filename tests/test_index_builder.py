@@ -147,6 +147,52 @@ def test_keep_prunes_all_but_the_newest_versions(corpus, tmp_path):
     assert list_versions(root) == [2, 3]
 
 
+def test_keep_never_removes_the_version_just_written(corpus, tmp_path):
+    embedder, root = tiny_embedder(), tmp_path / "index"
+    build_index(embedder, corpus, root, version=3, progress=False)
+    # Version 1 is older than the newest, 3: it is kept with it (the newest KEEP, and the one written).
+    assert build_index(embedder, corpus, root, version=1, keep=1, progress=False).version == 1
+    assert list_versions(root) == [1, 3]
+    assert load_index(root, 1).version == 1
+
+
+@pytest.mark.parametrize(("setting", "value"), [("version", -1), ("keep", 0), ("keep", -1)])
+def test_a_negative_version_or_a_keep_below_one_is_refused_before_writing(corpus, tmp_path, setting, value):
+    embedder, root = tiny_embedder(), tmp_path / "index"
+    build_index(embedder, corpus, root, progress=False)
+    with pytest.raises(ValueError, match=f"{setting} must be"):
+        build_index(embedder, corpus, root, progress=False, **{setting: value})
+    assert sorted(os.listdir(root)) == ["v000000"]
+
+
+def write_stray_folder(root: Path, name: str) -> Path:
+    """A user's folder with a version-like name under an index root, holding no index."""
+    (root / name).mkdir(parents=True)
+    (root / name / "notes.txt").write_text("mine")
+    return root / name
+
+
+def test_a_folder_with_a_version_name_but_no_index_is_neither_listed_nor_pruned(corpus, tmp_path):
+    embedder, root = tiny_embedder(), tmp_path / "index"
+    build_index(embedder, corpus, root, version=3, progress=False)
+    stray = write_stray_folder(root, "v000007")
+    assert list_versions(root) == [3] and latest_index_dir(root) == root / "v000003" / "block_index"
+    assert build_index(embedder, corpus, root, keep=1, progress=False).version == 8  # never a stray folder's number
+    assert list_versions(root) == [8]
+    assert (stray / "notes.txt").read_text() == "mine"
+
+
+def test_cli_names_the_version_folder_it_wrote(corpus, tmp_path, capsys):
+    root = tmp_path / "index"
+    build_index(tiny_embedder(), corpus, root, version=3, progress=False)
+    tiny_embedder().save_pretrained(tmp_path / "embedder")
+    argv = ["--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output", str(root), "--quiet"]
+    assert index_builder.main([*argv, "--version", "1", "--keep", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert f"Wrote exact index version 1 of {len(TEXTS)} x 16 to {root / 'v000001'}" in printed
+    assert f"{root / 'v000003'} is newer" in printed
+
+
 @pytest.mark.parametrize("layout", ["versioned", "plain"])
 def test_failed_write_leaves_the_previous_index_intact_and_no_temporary_folder(corpus, tmp_path, monkeypatch, layout):
     embedder, root = tiny_embedder(), tmp_path / "index"

@@ -1,13 +1,22 @@
 """Open-QA fine-tuning (ORQA losses, REALM++ options): given blocks, regex and passage supervision, what is trained and
 what stays frozen, learning on the synthetic world, and `openrealm train openqa` end to end."""
 
+import errno
 import json
+import os
 
 import pytest
 import torch
 from conftest import BLOCK_TEXTS, fixture_tokenizer, make_openqa_model
 
-from openrealm.trainers.openqa import finetune_openqa, openqa_model_from_pretraining
+from openrealm.hub_cards import model_card
+from openrealm.trainers.openqa import (
+    DEV_RESULTS_NAME,
+    SUMMARY_NAME,
+    finetune_openqa,
+    openqa_model_from_pretraining,
+    save_finetuned,
+)
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +234,35 @@ def test_fine_tuning_trains_query_tower_and_reader_but_not_the_block_embeddings(
     assert summary["searcher_beam_size"] == 6
     assert (summary["reader_beam_size_train"], summary["reader_beam_size_eval"]) == (5, 6)
     assert model.config.reader_beam_size == 6
+
+
+def folder_files(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_save_failing_part_way_leaves_the_previous_fine_tuned_folder_whole(tmp_path, monkeypatch):
+    output = tmp_path / "openqa"
+    save_finetuned(make_openqa_model(seed=0), output, {"num_blocks": 6, "max_steps": 1}, None)
+    before = folder_files(output)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(output / "README.md"))
+
+    monkeypatch.setattr(model_card, "open_qa_model_card", disk_full)  # after the new weights, before the card
+    with pytest.raises(OSError, match="No space left"):
+        save_finetuned(make_openqa_model(seed=1), output, {"num_blocks": 6, "max_steps": 2}, None)
+    assert folder_files(output) == before
+    assert sorted(os.listdir(tmp_path)) == ["openqa"]
+
+
+def test_dev_results_of_an_earlier_save_do_not_stay_beside_a_model_saved_without_them(tmp_path):
+    output = tmp_path / "openqa"
+    dev = {"exact_match": 50.0, "num_questions": 2, "predictions": []}
+    save_finetuned(make_openqa_model(seed=0), output, {"num_blocks": 6, "max_steps": 1}, dev)
+    assert (output / DEV_RESULTS_NAME).is_file()
+    save_finetuned(make_openqa_model(seed=1), output, {"num_blocks": 6, "max_steps": 2}, None)
+    assert not (output / DEV_RESULTS_NAME).exists()
+    assert json.loads((output / SUMMARY_NAME).read_text())["max_steps"] == 2
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
 from openrealm.hub_cards.model_card import realm_model_card
-from openrealm.trainers import pretrain
+from openrealm.trainers import checkpoints, pretrain
 from openrealm.trainers.index_builder import list_versions
 
 TINY, setup_refresh = test_pretrain.TINY, test_pretrain.setup_refresh
@@ -97,19 +97,21 @@ def test_half_written_checkpoint_is_not_picked_for_resume(tmp_path):
     complete = output / "checkpoint-4"
     complete.mkdir(parents=True)
     (complete / "refresh_state.json").write_text(json.dumps({"index_version": 2, "step": 4}))
+    (complete / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
     # What a kill during the save of step 6 leaves: the staging folder, never a checkpoint-6 without its state.
-    staging = output / ".staging-checkpoint-6-abc123" / "checkpoint-6"
+    staging = output / ".staging-checkpoint-6" / "checkpoint-6"
     staging.mkdir(parents=True)
     (staging / "optimizer.pt").write_bytes(b"partial")
-    assert pretrain.resolve_checkpoint("last", output) == complete
-    pretrain.remove_stale_staging(output)
+    assert checkpoints.resolve_resume("last", output, pretrain.CHECKPOINT_FILES) == complete
+    checkpoints.remove_stale_staging(output)
     assert sorted(os.listdir(output)) == ["checkpoint-4"]
 
 
 def test_checkpoint_folder_without_refresh_state_is_rejected(tmp_path):
     (tmp_path / "checkpoint-2").mkdir()
-    with pytest.raises(FileNotFoundError, match="refresh_state.json"):
-        pretrain.resolve_checkpoint(str(tmp_path / "checkpoint-2"), tmp_path)
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    with pytest.raises(FileNotFoundError, match="is not a whole checkpoint: it has no refresh_state.json"):
+        checkpoints.resolve_resume(str(tmp_path / "checkpoint-2"), tmp_path, pretrain.CHECKPOINT_FILES)
 
 
 def test_pruning_keeps_the_index_versions_kept_checkpoints_use(corpus, tmp_path):

@@ -33,6 +33,12 @@ from transformers.utils import ModelOutput
 
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
+from openrealm.trainers.checkpoints import (
+    StagedCheckpointTrainer,
+    is_staging_leftover,
+    remove_stale_staging,
+    resolve_resume,
+)
 from openrealm.trainers.index_builder import embed_blocks, leave_process_group
 from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE, train_ict
 from openrealm.trainers.output import quiet_trainer_logs
@@ -447,7 +453,7 @@ def fixed_eval_examples(blocks, size: int, mask_rate: float = MASK_RATE, seed: i
 def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, blocks):
     """A transformers Trainer for ICT over `blocks` (Google's optimiser: AdamW, weight decay 0.01 without LayerNorm and
     biases, eps 1e-6, clip 1.0, linear warm-up then linear decay to 0)."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import TrainingArguments
 
     warmup = google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps
     # accelerate sets up a multi-process CPU run (gloo), or CPU bf16, only when told to use the CPU; without it a
@@ -501,7 +507,7 @@ def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, 
     if args.eval_steps:
         eval_blocks = fixed_eval_examples(blocks, args.eval_blocks, args.mask_rate, args.seed)
     model = IctModel(embedder.config, embedder, embedding_dropout=args.embedding_dropout)
-    trainer = Trainer(
+    trainer = StagedCheckpointTrainer(
         model=model,
         args=training_args,
         train_dataset=blocks,
@@ -530,15 +536,19 @@ def summary_line(trainer, summary: dict) -> str:
 
 def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool) -> None:
     """Refuse to train into a non-empty OUTPUT unless resuming or overwriting; --overwrite removes the old
-    checkpoint-* folders (Trainer's rotation would otherwise count them as this run's)."""
+    checkpoint-* folders (Trainer's rotation would otherwise count them as this run's). The staging folders of
+    checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty."""
     path = Path(output)
-    if resume or not path.is_dir() or not any(path.iterdir()):
+    main = int(os.environ.get("RANK", "0")) == 0
+    if main:
+        remove_stale_staging(path)
+    if resume or not path.is_dir() or not any(not is_staging_leftover(p.name) for p in path.iterdir()):
         return
     if not overwrite:
         raise FileExistsError(
             f"output folder {path} is not empty: pass --overwrite to replace it or --resume-from-checkpoint to continue"
         )
-    if int(os.environ.get("RANK", "0")) == 0:
+    if main:
         for checkpoint in path.glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
 
@@ -577,8 +587,8 @@ def run(args: argparse.Namespace) -> int:
             args, name, fit_length(embedder, chosen or default, f"--init {args.init}", setting, chosen is not None)
         )
     trainer = build_trainer(args, embedder, tokenizer, blocks)
-    resume = True if args.resume_from_checkpoint == "last" else args.resume_from_checkpoint
-    result = trainer.train(resume_from_checkpoint=resume)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     if trainer.is_world_process_zero():
         summary = training_summary(args, trainer, result.training_loss)
         embedder = trainer.accelerator.unwrap_model(trainer.model).embedder

@@ -299,13 +299,30 @@ def version_dir_name(version: int) -> str:
     return f"v{version:06d}"
 
 
-def list_versions(root: str | os.PathLike) -> list[int]:
-    """Complete versions under an index root, ascending (builds in progress are hidden temp folders)."""
-    root = Path(root)
+def _version_names(root: Path) -> dict[int, Path]:
+    """{version: folder} of every entry under root named like a version (vNNNNNN), index or not."""
     if not root.is_dir():
-        return []
-    found = (VERSION_PATTERN.match(p.name) for p in root.iterdir() if p.is_dir())
-    return sorted(int(m.group(1)) for m in found if m)
+        return {}
+    return {int(m.group(1)): p for p in root.iterdir() if (m := VERSION_PATTERN.match(p.name))}
+
+
+def is_index_version(folder: str | os.PathLike) -> bool:
+    """Whether folder is a complete index version as _write_version commits it: build_info.json and
+    block_index/index_config.json (a user's folder that merely has a version-like name is not one)."""
+    folder = Path(folder)
+    return (folder / BUILD_INFO_NAME).is_file() and (folder / INDEX_SUBDIR / "index_config.json").is_file()
+
+
+def list_versions(root: str | os.PathLike) -> list[int]:
+    """Complete versions under an index root, ascending (builds in progress are hidden temp folders; other folders
+    with a version-like name are not versions: they are never loaded nor pruned)."""
+    return sorted(v for v, folder in _version_names(Path(root)).items() if is_index_version(folder))
+
+
+def next_version(root: str | os.PathLike) -> int:
+    """The version a new build under root takes by default: one past every version-like name there (0 for none), so
+    that it is the newest and never collides with a folder already there."""
+    return max(_version_names(Path(root)), default=-1) + 1
 
 
 def latest_index_dir(root: str | os.PathLike) -> Path:
@@ -351,7 +368,8 @@ def _previous_index(output_dir: Path, layout: str) -> tuple[Path, dict] | None:
 def _write_version(
     write_files: Callable[[Path], None], version: int, output_dir: Path, build_info: dict, keep: int | None
 ) -> Path:
-    """output_dir/vNNNNNN/{block_index/, build_info.json}, committed by one rename; then prune to the newest keep.
+    """output_dir/vNNNNNN/{block_index/, build_info.json}, committed by one rename; then prune to the newest keep
+    versions, never the one written (an explicit version may be older than the newest).
     write_files(folder) writes the index's files into block_index/ being staged."""
     name = version_dir_name(version)
     target = output_dir / name
@@ -364,7 +382,8 @@ def _write_version(
     _fsync_dir(output_dir)
     if keep:
         for old in list_versions(output_dir)[:-keep]:
-            shutil.rmtree(output_dir / version_dir_name(old), ignore_errors=True)
+            if old != version:  # the version written is kept even when it is not among the newest
+                shutil.rmtree(output_dir / version_dir_name(old), ignore_errors=True)
     return target
 
 
@@ -414,8 +433,9 @@ def build_index(
     """Embed every block of corpus_dir and write the index; returns the RealmBlockIndex (on every process).
 
     embedder: a RealmEmbedder (e.g. the training model's; left in its mode) or a checkpoint name for load_embedder.
-    version: default = the previous version under output_dir + 1 (0 for the first). layout 'versioned' writes
-    output_dir/vNNNNNN/ and keeps the newest `keep` versions (None: all); 'plain' writes output_dir itself.
+    version: default = one past the highest version under output_dir (0 for the first). layout 'versioned' writes
+    output_dir/vNNNNNN/ and then keeps the newest `keep` versions and the one written (None: all; folders holding no
+    index are neither versions nor removed); 'plain' writes output_dir itself.
     accelerator: an accelerate Accelerator or PartialState; every process embeds its share, the main process joins the
     shares in block order and writes, the others wait for it and load the written index (memory-mapped).
     num_shards > 1: an exact index written as that many files (ShardedBlockIndex.shard_range rows each), for a
@@ -428,6 +448,10 @@ def build_index(
 
     if layout not in ("versioned", "plain"):
         raise ValueError(f"layout must be 'versioned' or 'plain', got {layout!r}")
+    if version is not None and version < 0:
+        raise ValueError(f"version must be >= 0, got {version}")
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be >= 1 (versions kept; None keeps all), got {keep}")
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     is_main = accelerator is None or accelerator.is_main_process
     _check_num_shards(num_shards, world, index_type, layout)
@@ -445,7 +469,9 @@ def build_index(
             f"{previous[1].get('dim')}-d: a retriever cannot swap between them; write to a new --output folder"
         )
     resolve_index_params(index_type, len(blocks), dim, index_params or {})  # refused now, not after embedding
-    if version is None:
+    if version is None and layout == "versioned":
+        version = next_version(output_dir)
+    elif version is None:
         version = previous[1]["version"] + 1 if previous is not None else 0
     if device is None:
         device = accelerator.device if accelerator is not None else next(embedder.parameters()).device
@@ -643,8 +669,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-shards {args.num_shards}: {error}") from None
     index = _build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
     if state.is_main_process:
-        where = args.output if args.layout == "plain" else latest_index_dir(args.output).parent
-        print(f"Wrote {index.index_type} index version {index.version} of {index.num_blocks} x {index.dim} to {where}")
+        where = Path(args.output).absolute()
+        if args.layout == "versioned":
+            newest, where = latest_index_dir(where).parent, where / version_dir_name(index.version)
+        line = f"Wrote {index.index_type} index version {index.version} of {index.num_blocks} x {index.dim} to {where}"
+        if args.layout == "versioned" and newest != where:
+            line += f" ({newest} is newer: loaders of the index root take that one)"
+        print(line)
     leave_process_group(state)
     return 0
 

@@ -29,6 +29,7 @@ from transformers.utils import ModelOutput
 
 from openrealm import RealmKnowledgeAugEncoder
 from openrealm.tokenization.corpus import MAX_BLOCK_LENGTH, block_retriever_inputs, load_corpus, read_removed_block_ids
+from openrealm.trainers.checkpoints import StagedCheckpointTrainer, resolve_resume
 from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides, prepare_output
 from openrealm.trainers.index_builder import leave_process_group
 from openrealm.trainers.options import train_mlm
@@ -116,7 +117,7 @@ def eval_batches(dataset: CorpusBlocks, tokenizer, size: int, batch_size: int, s
 def build_trainer(args: argparse.Namespace, model: MaskedLmModel, tokenizer, dataset: CorpusBlocks):
     """A transformers Trainer with BERT's optimiser (AdamW, weight decay 0.01, eps 1e-6, clip 1.0, linear warm-up
     then linear decay to 0), as train ict."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import TrainingArguments
 
     multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
     training_args = TrainingArguments(
@@ -142,7 +143,13 @@ def build_trainer(args: argparse.Namespace, model: MaskedLmModel, tokenizer, dat
         report_to=args.report_to,
         disable_tqdm=args.quiet,
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=dataset, data_collator=collator(tokenizer))
+    trainer = StagedCheckpointTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=dataset,
+        data_collator=collator(tokenizer),
+        towers={"encoder": RealmKnowledgeAugEncoder},  # checkpoint-N/encoder/
+    )
     return quiet_trainer_logs(trainer, verbose=getattr(args, "verbose", False))
 
 
@@ -172,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
     held_out = eval_batches(dataset, tokenizer, args.eval_blocks, args.batch_size, args.seed + 1)
     model.to(trainer.args.device)
     before = evaluate(model, held_out) if held_out else None
-    resume = True if args.resume_from_checkpoint == "last" else args.resume_from_checkpoint
-    result = trainer.train(resume_from_checkpoint=resume)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     if trainer.is_world_process_zero():
         model = trainer.accelerator.unwrap_model(trainer.model)
         after = evaluate(model, held_out) if held_out else None

@@ -41,7 +41,8 @@ import torch
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
-from openrealm.file_utils import write_text_atomic
+from openrealm.file_utils import atomic_directory
+from openrealm.modeling_realm import kept_beside_model
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
 from openrealm.trainers.ict import google_warmup_steps
@@ -415,20 +416,28 @@ def finetune_openqa(
 
 
 def save_finetuned(model: RealmForOpenQA, output_dir: Path, summary: dict, dev_results: dict | None) -> None:
-    """The Hub-ready RealmForOpenQA folder, its model card, the summary JSON and the dev results (each atomic)."""
+    """The Hub-ready RealmForOpenQA folder, its model card, the summary JSON and the dev results, replacing the old
+    ones all at once (file_utils.atomic_directory): a save that fails part-way leaves the previous folder whole, and
+    an earlier save's card, summary or dev results never stay beside new weights. Other entries are kept."""
     from openrealm.hub_cards.model_card import open_qa_model_card
 
-    model.save_pretrained(output_dir)
-    evaluations = []
-    if dev_results is not None:
-        dev_results = {**dev_results, "dataset": summary.get("dev") or "dev", "split": "dev"}
-        write_results(dev_results, output_dir / DEV_RESULTS_NAME)
-        evaluations.append(dev_results)
-    card = open_qa_model_card(
-        evaluations, model_name=output_dir.name, training_summary=summary, num_blocks=summary["num_blocks"]
-    )
-    write_text_atomic(output_dir / "README.md", str(card))
-    write_text_atomic(output_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
+    output_dir = Path(output_dir).absolute()
+    written_here = ("README.md", SUMMARY_NAME, DEV_RESULTS_NAME)
+    with atomic_directory(
+        output_dir, keep=lambda name: kept_beside_model(name) and name not in written_here
+    ) as staging:
+        staging = Path(staging)
+        model.save_pretrained(staging)
+        evaluations = []
+        if dev_results is not None:
+            dev_results = {**dev_results, "dataset": summary.get("dev") or "dev", "split": "dev"}
+            write_results(dev_results, staging / DEV_RESULTS_NAME)
+            evaluations.append(dev_results)
+        card = open_qa_model_card(
+            evaluations, model_name=output_dir.name, training_summary=summary, num_blocks=summary["num_blocks"]
+        )
+        (staging / "README.md").write_text(str(card), encoding="utf-8")
+        (staging / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

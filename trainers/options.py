@@ -190,7 +190,12 @@ def train_ict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--save-steps", type=int, default=1000, help="checkpoint every N steps, 0 = never (default 1000)"
     )
-    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
+    parser.add_argument(
+        "--save-total-limit",
+        type=int,
+        default=2,
+        help="checkpoints kept: the newest N and the one just written (default 2)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="train into a non-empty OUTPUT (old checkpoints go)")
     parser.add_argument(
         "--resume-from-checkpoint",
@@ -251,7 +256,12 @@ def train_mlm(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and masks (default 0)")
     parser.add_argument("--logging-steps", type=int, default=50, help="log the loss every N steps (default 50)")
     parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps, 0 = never (default 0)")
-    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
+    parser.add_argument(
+        "--save-total-limit",
+        type=int,
+        default=2,
+        help="checkpoints kept: the newest N and the one just written (default 2)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="train into a non-empty OUTPUT (old checkpoints go)")
     parser.add_argument(
         "--resume-from-checkpoint",
@@ -317,7 +327,12 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
     parser.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: none)")
-    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default 2)")
+    parser.add_argument(
+        "--save-total-limit",
+        type=int,
+        default=2,
+        help="checkpoints kept: the newest N and the one just written (default 2)",
+    )
     parser.add_argument(
         "--resume-from-checkpoint",
         nargs="?",
@@ -385,14 +400,22 @@ def index_build(parser: argparse.ArgumentParser, served: bool = False) -> None:
         help="index parameter, repeatable (e.g. nlist=4096, nprobe=32, m=32, ef_search=64, pq_m=32)",
     )
     if not served:
-        parser.add_argument("--version", type=int, default=None, help="index version (default: previous + 1, or 0)")
+        parser.add_argument(
+            "--version", type=int, default=None, help="index version, >= 0 (default: one past the highest, or 0)"
+        )
         parser.add_argument(
             "--layout",
             choices=("versioned", "plain"),
             default="versioned",
             help="versioned: OUTPUT/vNNNNNN/{block_index,build_info.json}; plain: OUTPUT is the index folder itself",
         )
-        parser.add_argument("--keep", type=int, default=None, help="keep only the newest KEEP versions (default all)")
+        parser.add_argument(
+            "--keep",
+            type=positive_int,
+            default=None,
+            help="keep only the newest KEEP versions and the one written (default all); folders that hold no index "
+            "are never removed",
+        )
     parser.add_argument(
         "--num-shards",
         type=int,

@@ -26,13 +26,13 @@ the top too, `pretraining.json` (settings, final metrics, and the run's skipped_
 the processes), and `index/` (the newest index versions).
 
 Checkpoints (`--save-steps N`, the newest `--save-total-limit` kept): OUTPUT/checkpoint-STEP/ holds the Trainer's files
-(model.safetensors of the joint model, optimizer, scheduler, RNG, trainer_state.json) plus `embedder/`, `encoder/`,
-`scorer/`, `query_embedder/` (the frozen snapshot the index in use was built from), the tokenizer and
-`refresh_state.json` (index version in use, its snapshot step/time, index_root). A checkpoint is written into a hidden
-staging folder and renamed into place when complete, so a run killed mid-save leaves no `checkpoint-N` that
-`get_last_checkpoint` (what `--resume-from-checkpoint last` uses) would pick. The index versions a kept checkpoint uses
-are never pruned. `--resume-from-checkpoint [PATH|last]` restores the Trainer state and the (query embedder, index)
-pair of refresh_state.json before training continues.
+(optimizer, scheduler, RNG, trainer_state.json) plus `embedder/`, `encoder/` (the weights), `scorer/`,
+`query_embedder/` (the frozen snapshot the index in use was built from), the tokenizer and `refresh_state.json` (index
+version in use, its snapshot step/time, index_root). A checkpoint appears whole or not at all (written into a hidden
+staging folder and renamed into place when complete: trainers/checkpoints.py), and `--resume-from-checkpoint last`
+takes the newest whole one. The index versions a kept checkpoint uses are never pruned.
+`--resume-from-checkpoint [PATH|last]` restores the Trainer state and the (query embedder, index) pair of
+refresh_state.json before training continues.
 
 `--push-to-hub REPO` uploads embedder/, encoder/ and scorer/ to three repos REPO-embedder, REPO-encoder, REPO-scorer
 (each loadable with `from_pretrained(repo)`), with their model cards.
@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections import Counter
@@ -63,14 +62,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
+from transformers import TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
-from openrealm.file_utils import atomic_directory, replace_folder, write_text_atomic
+from openrealm.file_utils import atomic_directory, write_text_atomic
 from openrealm.hub_cards.model_card import realm_model_card
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config
 from openrealm.tokenization.masking import SalientSpanCollator
+from openrealm.trainers.checkpoints import StagedCheckpointTrainer, remove_stale_staging, resolve_resume
 from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides
 from openrealm.trainers.index_builder import build_index, leave_process_group, load_index
 from openrealm.trainers.options import train_pretrain
@@ -102,7 +103,7 @@ OUTPUT_METRICS = (
 BATCH_EXTRAS = ("uid", "stats", "index_version", "block_id", "candidate_block_ids", "num_skipped")
 REFRESH_STATE_NAME = "refresh_state.json"
 QUERY_EMBEDDER_DIR = "query_embedder"
-STAGING_PREFIX = ".staging-"
+CHECKPOINT_FILES = (TRAINER_STATE_NAME, REFRESH_STATE_NAME)  # what a whole pre-training checkpoint holds
 TOWERS = ("embedder", "encoder", "scorer")
 RANK_RECORDS_DIR = "refresh"  # OUTPUT/refresh/rank-R.json: the index versions each process used, by step
 # Logged counters: the examples' (COUNTERS), queries the masker skipped (no usable span...), per-process batches left
@@ -129,9 +130,11 @@ class PretrainingCollator:
         return batch
 
 
-class RealmPretrainingTrainer(Trainer):
+class RealmPretrainingTrainer(StagedCheckpointTrainer):
     """`Trainer` whose compute_loss drops the batch's bookkeeping keys and accumulates REALM's metrics, which `log`
-    adds (averaged since the previous log) to the loss entry, with the refresh callback's metrics."""
+    adds (averaged since the previous log) to the loss entry, with the refresh callback's metrics. Checkpoints are
+    staged (StagedCheckpointTrainer) and hold the towers as CHECKPOINT/embedder/ and CHECKPOINT/encoder/;
+    checkpoint_extras adds the REALM folders (see `checkpoint_extras` below)."""
 
     def __init__(
         self,
@@ -140,9 +143,9 @@ class RealmPretrainingTrainer(Trainer):
         checkpoint_extras: Callable[[Path], None] | None = None,
         **kwargs,
     ):
-        super().__init__(*args, **kwargs)
+        towers = {"embedder": RealmEmbedder, "encoder": RealmKnowledgeAugEncoder}
+        super().__init__(*args, towers=towers, checkpoint_extras=checkpoint_extras, **kwargs)
         self.refresh = refresh
-        self.checkpoint_extras = checkpoint_extras  # writes the REALM folders into a checkpoint before it appears
         # The model returns a token-mean loss; it takes no num_items_in_batch.
         self.model_accepts_loss_kwargs = False
         self._sums: Counter = Counter()
@@ -194,73 +197,19 @@ class RealmPretrainingTrainer(Trainer):
                 self._sums[name] += float(getattr(outputs, name).detach())
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """The joint model as its two towers, output_dir/embedder/ and output_dir/encoder/ (save_pretrained keeps
-        their tied weights, which one safetensors file of the joint model cannot hold)."""
-        output_dir = Path(output_dir or self.args.output_dir)
-        model = self.accelerator.unwrap_model(self.model)
-        for name in ("embedder", "encoder"):
-            getattr(model, name).save_pretrained(output_dir / name)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        """The towers' weights from checkpoint/embedder/ and checkpoint/encoder/ (what `_save` wrote)."""
-        model = self.accelerator.unwrap_model(model if model is not None else self.model)
-        for name, cls in (("embedder", RealmEmbedder), ("encoder", RealmKnowledgeAugEncoder)):
-            folder = Path(resume_from_checkpoint) / name
-            if not (folder / "config.json").is_file():
-                raise FileNotFoundError(f"{folder} holds no saved {cls.__name__} (config.json)")
-            getattr(model, name).load_state_dict(cls.from_pretrained(folder).state_dict())
-
     def _save_checkpoint(self, model, trial) -> None:
-        """Save a checkpoint (see _write_checkpoint) without touching the random number generators: building the
+        """Save a checkpoint (StagedCheckpointTrainer) without touching the random number generators: building the
         scorer to save it initialises weights, which would shift every later dropout mask and masking draw, so a run
         that checkpoints would train differently from one that does not."""
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
-            self._write_checkpoint(model, trial)
-
-    def _write_checkpoint(self, model, trial) -> None:
-        """The Trainer's checkpoint plus the REALM folders, written into OUTPUT/.staging-checkpoint-N-*/ and renamed
-        to OUTPUT/checkpoint-N once complete (the Trainer writes into the final name directly: a kill mid-save would
-        leave a checkpoint-N that get_last_checkpoint picks); then rotation, and pruning of unused index versions.
-
-        Several processes: the staging folder has a fixed name, so every rank writes into the same one (each rank its
-        rng_state_R.pth); the main process alone writes the rest and renames, between barriers."""
-        run_dir = Path(self._get_output_dir(trial=trial))
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        staging = run_dir / f"{STAGING_PREFIX}{name}"
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving this step
-            staging.mkdir(parents=True)
-        self.accelerator.wait_for_everyone()
-        output_dir, limit = self.args.output_dir, self.args.save_total_limit
-        try:
-            # Trainer saves into _get_output_dir(trial)/checkpoint-N: point it at the staging folder for this call
-            # (rotation is off there; it runs below on the real folder).
-            self.args.output_dir, self.args.save_total_limit = str(staging), None
             super()._save_checkpoint(model, trial)
-        finally:
-            self.args.output_dir, self.args.save_total_limit = output_dir, limit
-        self.accelerator.wait_for_everyone()
-        try:
-            if self.args.should_save:
-                if self.checkpoint_extras is not None:
-                    self.checkpoint_extras(staging / name)
-                # a run resumed before this step: the newer state replaces the old one, all at once
-                replace_folder(staging / name, run_dir / name)
-                rotate_checkpoints(
-                    output_dir=str(run_dir),
-                    save_total_limit=self.args.save_total_limit,
-                    best_model_checkpoint=self.state.best_model_checkpoint,
-                    use_mtime=False,
-                )
-                if self.refresh is not None:
-                    self.refresh.protected_versions = checkpoint_index_versions(run_dir)
-                    self.refresh.prune_versions()
-        finally:
-            if self.args.should_save:
-                shutil.rmtree(staging, ignore_errors=True)
-            self.accelerator.wait_for_everyone()
+
+    def checkpoint_saved(self, run_dir: Path) -> None:
+        """Prune the index versions no kept checkpoint resumes with (nor the refresh uses)."""
+        if self.refresh is not None:
+            self.refresh.protected_versions = checkpoint_index_versions(run_dir)
+            self.refresh.prune_versions()
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
@@ -399,22 +348,6 @@ def checkpoint_extras(trainer: RealmPretrainingTrainer, tokenizer) -> Callable[[
     return write
 
 
-def resolve_checkpoint(value: str | None, output: str | os.PathLike) -> Path | None:
-    """`--resume-from-checkpoint`: None, "last" (the newest complete OUTPUT/checkpoint-N) or a folder."""
-    if value is None:
-        return None
-    if value == "last":
-        last = get_last_checkpoint(str(output)) if os.path.isdir(output) else None
-        if last is None:
-            raise FileNotFoundError(f"--resume-from-checkpoint last: {output} holds no checkpoint-N folder")
-        path = Path(last)
-    else:
-        path = Path(value)
-    if not (path / REFRESH_STATE_NAME).is_file():
-        raise FileNotFoundError(f"{path} is not a pre-training checkpoint (no {REFRESH_STATE_NAME})")
-    return path
-
-
 def checkpoint_index(checkpoint: Path, sharded: bool = False, device: str | None = None):
     """The index version a checkpoint's refresh_state.json records, loaded from its index_root (sharded: this
     process's ShardedBlockIndex of it, on device)."""
@@ -463,12 +396,6 @@ def salient_span_refusal(with_spans: int, num_blocks: int, corpus: str | os.Path
         "alone by default), or pre-train with random masking: `openrealm train pretrain ... --spans random_span` "
         "(or `--spans random_token`)."
     )
-
-
-def remove_stale_staging(output: str | os.PathLike) -> None:
-    """Delete the staging folders of checkpoints a killed run left half-written."""
-    for path in Path(output).glob(f"{STAGING_PREFIX}{PREFIX_CHECKPOINT_DIR}-*"):
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def build_trainer(
@@ -628,7 +555,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     if state.is_main_process:
         remove_stale_staging(args.output)
     state.wait_for_everyone()
-    checkpoint = resolve_checkpoint(getattr(args, "resume_from_checkpoint", None), args.output)
+    checkpoint = resolve_resume(getattr(args, "resume_from_checkpoint", None), args.output, CHECKPOINT_FILES)
     if checkpoint is None:
         index_root = Path(args.index_root or Path(args.output) / "index")
         index = initial_index(args, embedder, index_root, accelerator=state if world > 1 else None)

@@ -79,6 +79,7 @@ from openrealm.trainers.index_builder import (
     build_request,
     list_versions,
     load_index,
+    next_version,
     read_build_status,
     version_dir_name,
 )
@@ -333,7 +334,7 @@ class IndexRefreshCallback(TrainerCallback):
         }
 
     def next_version(self) -> int:
-        return max([self.index_version, *list_versions(self.index_root)]) + 1
+        return max(self.index_version + 1, next_version(self.index_root))
 
     def _due(self, global_step: int) -> bool:
         return self.mode != "off" and global_step - self.last_build_step >= self.refresh_every
