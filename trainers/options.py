@@ -91,7 +91,21 @@ def corpus_build(parser: argparse.ArgumentParser) -> None:
         "--no-page-filter", action="store_true", help="keep List of/Index of/Outline of/disambiguation pages"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing corpus at --output")
+    deduplicate_option(parser, default=True)
     output_options(parser)
+
+
+def deduplicate_option(parser: argparse.ArgumentParser, default: bool | None) -> None:
+    """--deduplicate / --no-deduplicate of the corpus commands (docs/corpus.md: duplicate blocks)."""
+    parser.add_argument(
+        "--deduplicate",
+        action=argparse.BooleanOptionalAction,
+        default=default,
+        help="drop blocks with the same title and text as an earlier block ("
+        + ("the default" if default else "default: as the corpus was built, else on")
+        + "): REALM pre-training drops every example whose retrieved blocks hold two copies of one; "
+        "--no-deduplicate keeps them (counted in corpus_config.json)",
+    )
 
 
 def corpus_add(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +139,7 @@ def _corpus_edit(parser: argparse.ArgumentParser, command: str) -> None:
         )
         parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass")
         parser.add_argument("--device", default=None, help="where to embed (default cuda if available, else cpu)")
+        deduplicate_option(parser, default=None)
     if command == "remove":
         which = parser.add_mutually_exclusive_group(required=True)
         which.add_argument("--titles", nargs="+", help="remove every block of these article titles (exact match)")
