@@ -34,6 +34,9 @@ DEFAULT_RECALL_KS = (1, 5, 10, 20)
 MAX_BLOCK_LENGTH = 288  # wordpieces per block (Google) = tokenization.corpus.MAX_BLOCK_LENGTH
 INDEX_TYPES = ("exact", "flat", "ivf", "hnsw", "ivfpq", "pq")  # = modeling_realm.index_realm.INDEX_TYPES
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # autocast dtypes of index build (torch.<name>)
+# train ict, pretrain, openqa: examples dropped (trainers/dropped.py)
+WARN_DROPPED_SHARE = 0.5  # the summary line warns when more than half of the examples gave no training signal
+MAX_DROPPED_SHARE = 0.9  # --max-dropped-share: more dropped stops the run (under one example in ten trains)
 # demo
 DEMO_NUM_RETRIEVED = 10  # blocks listed per question = trainers.demo.NUM_RETRIEVED (a file that imports no openrealm)
 
@@ -47,6 +50,28 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer (at least 1), got {value}")
     return value
+
+
+def share(text: str) -> float:
+    """argparse type of a share: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value:g}")
+    return value
+
+
+def max_dropped_share_option(parser: argparse.ArgumentParser, examples: str) -> None:
+    """--max-dropped-share of the training jobs; examples: what the job drops, for the help."""
+    parser.add_argument(
+        "--max-dropped-share",
+        type=share,
+        default=MAX_DROPPED_SHARE,
+        help=f"stop with an error, saving no model, when more than this share of the {examples} gives no training "
+        f"example (default {MAX_DROPPED_SHARE:g}; 1: never); the summary line warns above {WARN_DROPPED_SHARE:g}",
+    )
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:
@@ -343,6 +368,7 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="upload to REPO-{embedder,encoder,scorer}")
     parser.add_argument("--hub-private", action="store_true", help="create the Hub repos private")
+    max_dropped_share_option(parser, "corpus rows read")
     output_options(parser)
 
 
