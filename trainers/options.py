@@ -263,6 +263,7 @@ def train_ict(parser: argparse.ArgumentParser) -> None:
         metavar="REPO_ID",
         help="upload the trained embedder and tokenizer to this Hub repository",
     )
+    max_dropped_share_option(parser, "examples of an epoch (expected)")
     output_options(parser)
 
 
