@@ -303,6 +303,7 @@ def train_mlm(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
+    max_dropped_share_option(parser, "blocks of an epoch (expected)")
     output_options(parser)
 
 
