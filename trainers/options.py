@@ -407,6 +407,7 @@ def train_openqa(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logging-steps", type=int, default=10, help="log every N steps (default 10)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard (default none)")
+    max_dropped_share_option(parser, "training questions read")
     output_options(parser)
 
 
