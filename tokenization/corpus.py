@@ -141,18 +141,17 @@ def count_duplicate_blocks(uids, removed_ids=()) -> int:
     return len(duplicate_rows(column))
 
 
-def drop_duplicate_blocks(blocks, scratch: str, drop: bool = True, progress: bool | None = None):
+def drop_duplicate_blocks(blocks, scratch: str, drop: bool = True):
     """(blocks, number of rows duplicating an earlier row): without those rows when drop (the others keep their order;
     the new table is written to `scratch`), else as given. blocks: a datasets.Dataset with a "uid" column and no
     indices mapping (what pack_articles returns)."""
     duplicates = duplicate_rows(blocks.data.column("uid"))
     if drop and len(duplicates):
         keep = np.setdiff1d(np.arange(len(blocks), dtype=np.int64), duplicates)
-        with datasets_progress_bars(progress):
-            blocks = blocks.select(keep).flatten_indices(
-                cache_file_name=os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}.arrow"),
-                new_fingerprint=uuid.uuid4().hex,
-            )
+        blocks = blocks.select(keep).flatten_indices(  # an inner step: its bar shows with --verbose only
+            cache_file_name=os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}.arrow"),
+            new_fingerprint=uuid.uuid4().hex,
+        )
     return blocks, len(duplicates)
 
 
@@ -630,7 +629,7 @@ def build_corpus(
             blocks = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
-            blocks, num_duplicates = drop_duplicate_blocks(blocks, scratch, deduplicate, progress)
+            blocks, num_duplicates = drop_duplicate_blocks(blocks, scratch, deduplicate)
             num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
             # Block ids are row numbers, known only once every process has packed its share.
             blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))

@@ -129,7 +129,7 @@ def edit_corpus(
             # can repeat a block (a duplicate has the title of the block it copies).
             if deduplicate is None:
                 deduplicate = (config or {}).get("deduplicate", True)
-            new_blocks, num_duplicates = drop_duplicate_blocks(new_blocks, scratch, deduplicate, progress)
+            new_blocks, num_duplicates = drop_duplicate_blocks(new_blocks, scratch, deduplicate)
             summary.update(num_duplicates=num_duplicates, duplicates_dropped=bool(deduplicate and num_duplicates))
             new_ids = np.arange(num_before, num_before + len(new_blocks), dtype=np.int64)
             from datasets import Value
