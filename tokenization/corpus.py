@@ -7,8 +7,9 @@
 An article ({"title", "text"}) is HTML-unescaped, split into sentences by sentencex (rule-based, no model download),
 and its sentences are packed greedily into blocks: a sentence joins the current block while
 `3 + len(title_ids) + len(body so far) + len(sentence) <= max_block_length` ([CLS] title [SEP] body [SEP]), so the
-title counts against the budget and blocks never cross articles. The output folder (written to a temporary sibling,
-then renamed) holds:
+title counts against the budget and blocks never cross articles. A block with the title and text of an earlier block is
+dropped (`duplicate_rows`; `deduplicate=False` keeps it; docs/corpus.md says why). The output folder (written to a
+temporary sibling, then renamed) holds:
 
     corpus_config.json          format, version, counts, tokenizer, sentence splitter, span annotators, source
     blocks/                     datasets Arrow (save_to_disk), one row per block, in block-id order (COLUMNS)
