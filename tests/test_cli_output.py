@@ -86,3 +86,12 @@ def test_a_job_run_in_process_leaves_the_libraries_logging_as_it_was(world_files
                  str(world_files / "corpus-in-process"), "--tokenizer", str(world_files / "tok"), "--quiet"]) == 0  # fmt: skip
     assert (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
             datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()) == before  # fmt: skip
+
+
+def test_corpus_build_dropping_duplicates_still_prints_one_bar_and_one_summary_line(world_files):
+    articles = (world_files / "world" / "articles.jsonl").read_text()
+    (world_files / "twice.jsonl").write_text(articles + articles)
+    result = openrealm("corpus", "build", "--input", str(world_files / "twice.jsonl"), "--output",
+                       str(world_files / "corpus-twice"), "--tokenizer", str(world_files / "tok"))  # fmt: skip
+    assert "Packing articles into blocks" in result.stderr and "Flattening the indices" not in result.stderr
+    assert len(result.stdout.splitlines()) == 1 and "duplicate block(s) dropped" in result.stdout

@@ -68,7 +68,8 @@ def corpus_dir(tmp_path_factory, tokenizer):
         ("nile", "The nile flows to egypt. " * 30 + "Paris is a city."),
         ("paris", "Paris is a city. London is a city. Tom was born in Paris."),
     )
-    build_corpus(source, out, tokenizer, max_block_length=24, span_annotator=FindParis())
+    # The repeated nile sentence packs into identical blocks: kept, so that the blocks are the packer's output as is.
+    build_corpus(source, out, tokenizer, max_block_length=24, span_annotator=FindParis(), deduplicate=False)
     return out
 
 
@@ -130,8 +131,8 @@ def test_sentence_starts_index_the_wordpieces_of_each_sentence(tmp_path, tokeniz
 
 def test_uid_is_sha1_of_title_sep_text_and_stable_across_builds(tmp_path, tokenizer):
     source = articles(("nile", "The nile flows. " * 20), ("paris", "Paris is a city."))
-    first = build_corpus(source, tmp_path / "a", tokenizer, max_block_length=24)
-    second = build_corpus(source, tmp_path / "b", tokenizer, max_block_length=24)
+    first = build_corpus(source, tmp_path / "a", tokenizer, max_block_length=24, deduplicate=False)
+    second = build_corpus(source, tmp_path / "b", tokenizer, max_block_length=24, deduplicate=False)
     expected = [hashlib.sha1(f"{r['title']} <sep> {r['text']}".encode()).hexdigest() for r in first]
     assert first["uid"] == expected == second["uid"]
     assert len(expected) == 5 and len(set(expected)) == 2  # the 4 identical nile blocks share one uid
@@ -391,3 +392,78 @@ def test_malformed_jsonl_is_an_error_naming_the_file(tmp_path, tokenizer):
     with pytest.raises(ValueError, match=r"a\.jsonl, line 2: invalid JSON: Expecting value \(column 1\)"):
         build_corpus(str(tmp_path / "a.jsonl"), tmp_path / "c", tokenizer)
     assert sorted(os.listdir(tmp_path)) == ["a.jsonl"]
+
+
+# Three copies of "nile", two of "paris" and one "london": 6 articles, one block each, 3 of them duplicates.
+REPEATED = [
+    ("nile", "The nile flows to egypt. Tom was born in March."),
+    ("paris", "Paris is a city."),
+    ("nile", "The nile flows to egypt. Tom was born in March."),
+    ("london", "London is a city."),
+    ("nile", "The nile flows to egypt. Tom was born in March."),
+    ("paris", "Paris is a city."),
+]
+
+
+def test_duplicate_blocks_are_dropped_by_default_keeping_the_first_of_each(tmp_path, tokenizer):
+    blocks = build_corpus(articles(*REPEATED), tmp_path / "c", tokenizer, span_annotator=FindParis())
+    assert blocks["title"] == ["nile", "paris", "london"] and blocks["block_id"] == [0, 1, 2]
+    assert blocks["article_id"] == [0, 1, 3]
+    records = RealmRetriever.from_pretrained(str(tmp_path / "c")).block_records
+    assert [(records.title(i), records.text(i)) for i in range(len(records))] == [
+        (title, text) for title, text in (REPEATED[0], REPEATED[1], REPEATED[3])
+    ]
+    row = blocks[1]  # its spans moved with it
+    assert [row["text"][s:e] for s, e in zip(row["span_char_starts"], row["span_char_ends"])] == ["Paris"]
+    config = json.loads((tmp_path / "c" / "corpus_config.json").read_text())
+    assert (config["deduplicate"], config["num_duplicate_blocks"], config["num_duplicates_dropped"]) == (True, 0, 3)
+    assert (config["num_blocks"], config["num_articles"], config["num_input_articles"]) == (3, 3, 6)
+
+
+def test_no_deduplicate_keeps_duplicate_blocks_and_counts_them(tmp_path, tokenizer):
+    blocks = build_corpus(articles(*REPEATED), tmp_path / "c", tokenizer, deduplicate=False)
+    assert blocks["title"] == [title for title, _ in REPEATED]
+    config = json.loads((tmp_path / "c" / "corpus_config.json").read_text())
+    assert (config["deduplicate"], config["num_duplicate_blocks"], config["num_duplicates_dropped"]) == (False, 3, 0)
+
+
+def test_a_block_repeated_inside_one_article_is_a_duplicate(tmp_path, tokenizer):
+    text = " ".join(numbered_sentences(2, 9) * 2)  # two blocks of the same two sentences at max_block_length 24
+    blocks = build_corpus(articles(("alpha", text)), tmp_path / "c", tokenizer, max_block_length=24)
+    assert len(blocks) == 1
+    assert json.loads((tmp_path / "c" / "corpus_config.json").read_text())["num_duplicates_dropped"] == 1
+
+
+def test_same_text_under_another_title_is_not_a_duplicate(tmp_path, tokenizer):
+    blocks = build_corpus(articles(("paris", "Paris is a city."), ("london", "Paris is a city.")), tmp_path / "c", tokenizer)  # fmt: skip
+    assert len(blocks) == 2
+
+
+def test_cli_build_says_how_many_duplicates_it_dropped(tmp_path, tokenizer, capsys):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    source = write_jsonl(tmp_path / "a.jsonl", [{"title": t, "text": x} for t, x in REPEATED])
+    assert run(cli_args("--input", source, "--output", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"))) == 0
+    captured = capsys.readouterr()
+    assert "Wrote 3 blocks from 3 articles" in captured.out
+    assert "(3 duplicate block(s) dropped: the same title and text as an earlier block)" in captured.out
+    assert "warning" not in captured.err
+
+
+def test_cli_build_with_no_deduplicate_warns_about_the_duplicates_it_keeps(tmp_path, tokenizer, capsys):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    source = write_jsonl(tmp_path / "a.jsonl", [{"title": t, "text": x} for t, x in REPEATED])
+    argv = (
+        "--input",
+        source,
+        "--output",
+        str(tmp_path / "c"),
+        "--tokenizer",
+        str(tmp_path / "tok"),
+        "--no-deduplicate",
+    )
+    assert run(cli_args(*argv)) == 0
+    captured = capsys.readouterr()
+    assert "Wrote 6 blocks from 6 articles" in captured.out and "dropped" not in captured.out
+    warning = captured.err.splitlines()[-1]
+    assert warning.startswith("openrealm corpus build: warning: 3 of 6 blocks duplicate an earlier block")
+    assert "without --no-deduplicate" in warning

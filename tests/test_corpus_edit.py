@@ -276,3 +276,44 @@ def test_article_ids_of_later_adds_never_reuse_those_of_articles_the_page_filter
     assert article_ids[len(TEXTS) + 1] == len(TEXTS) + 2  # after both input rows of the first add
     config = read_corpus_config(corpus)
     assert (config["num_input_articles"], config["num_articles"]) == (len(TEXTS) + 3, len(TEXTS) + 2)
+
+
+def test_add_drops_a_block_repeated_among_the_added_articles_and_says_so(indexed_corpus, tmp_path, capsys):
+    corpus, _ = indexed_corpus
+    other = {"title": "quux", "text": "quux is a fictional city ."}
+    source = write_jsonl(tmp_path / "new.jsonl", [FACT, other, FACT])
+    assert main(["corpus", "add", "--corpus", str(corpus), "--input", source, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"added blocks {len(TEXTS)}..{len(TEXTS) + 1}" in out and "(1 duplicate block(s) dropped" in out
+    retriever = RealmRetriever.from_pretrained(corpus)
+    assert [retriever.block_records.record(i) for i in (len(TEXTS), len(TEXTS) + 1)] == [FACT, other]
+    assert retriever.index.num_blocks == len(load_corpus(corpus)) == len(TEXTS) + 2
+    config = read_corpus_config(corpus)
+    assert (config["num_duplicate_blocks"], config["num_duplicates_dropped"]) == (0, 1)
+
+
+def test_add_with_no_deduplicate_keeps_the_repeated_block_counts_it_and_warns(indexed_corpus, tmp_path, capsys):
+    corpus, _ = indexed_corpus
+    source = write_jsonl(tmp_path / "new.jsonl", [FACT, FACT])
+    assert main(["corpus", "add", "--corpus", str(corpus), "--input", source, "--no-deduplicate", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert f"added blocks {len(TEXTS)}..{len(TEXTS) + 1}" in captured.out and "dropped" not in captured.out
+    assert f"warning: 1 of {len(TEXTS) + 2} blocks duplicate an earlier block" in captured.err
+    config = read_corpus_config(corpus)
+    assert (config["num_duplicate_blocks"], config["num_duplicates_dropped"]) == (1, 0)
+
+
+def test_edits_follow_the_corpus_deduplicate_setting_and_recount_its_live_duplicates(tmp_path):
+    from conftest import fixture_tokenizer
+    from datasets import Dataset
+
+    from openrealm.tokenization.corpus import build_corpus
+
+    source = Dataset.from_dict({"title": ["a", "b", "a"], "text": ["one city .", "two rivers .", "one city ."]})
+    corpus = tmp_path / "corpus"
+    build_corpus(source, corpus, fixture_tokenizer(), deduplicate=False)
+    assert read_corpus_config(corpus)["num_duplicate_blocks"] == 1
+    edit_corpus(corpus, add=write_jsonl(tmp_path / "new.jsonl", [FACT, FACT]), progress=False)  # kept, as built
+    assert len(load_corpus(corpus)) == 5 and read_corpus_config(corpus)["num_duplicate_blocks"] == 2
+    edit_corpus(corpus, remove_ids=[2])  # the second "a": its first copy stays, alone
+    assert read_corpus_config(corpus)["num_duplicate_blocks"] == 1

@@ -411,3 +411,48 @@ def test_ict_on_the_synthetic_world_finds_a_sentences_own_block(world_corpus, tm
     assert before["recall_sentence_kept"] < 0.1 and before["recall_sentence_removed"] < 0.1
     assert after["recall_sentence_kept"] > 0.6
     assert after["recall_sentence_removed"] > 0.6
+
+
+def one_sentence_corpus(directory: Path) -> Path:
+    """Six blocks of one sentence each (the fixture tokenizer's BLOCK_TEXTS)."""
+    from conftest import BLOCK_TEXTS
+    from test_index_builder import TITLES, write_corpus
+
+    return write_corpus(directory, titles=TITLES[:6], texts=BLOCK_TEXTS)
+
+
+def test_ict_refuses_a_corpus_whose_every_example_would_be_dropped_before_loading_the_model(tmp_path, capsys):
+    corpus = one_sentence_corpus(tmp_path / "corpus")
+    output = tmp_path / "ict"
+    argv = train_args(corpus, output, "--max-steps", "2", "--batch-size", "2", "--mask-rate", "1")
+    assert main(argv) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(
+        "openrealm: error: 6 of 6 examples an epoch (100%) give no training example: 6 because their block holds a "
+        "single sentence, which ICT removes from it with probability --mask-rate 1"
+    )
+    assert "(6 of the 6 blocks hold one sentence)" in error and "lower --mask-rate" in error
+    assert "more than --max-dropped-share 0.9" in error and not output.exists()
+
+
+def test_ict_summary_line_warns_when_most_examples_are_dropped(tmp_path, capsys):
+    corpus = one_sentence_corpus(tmp_path / "corpus")
+    output = tmp_path / "ict"
+    assert main(train_args(corpus, output, "--max-steps", "1", "--batch-size", "2", "--save-steps", "0")) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"ICT: saved the RealmEmbedder to {output} (train loss ")
+    assert "; warning: 5 of 6 examples an epoch (83%) give no training example: 5 because their block holds" in line
+
+
+@pytest.mark.parametrize("num_blocks, batch_size", [(1, 1), (6, 1)])
+def test_ict_refuses_a_global_batch_of_one_block_whose_loss_is_always_zero(tmp_path, capsys, num_blocks, batch_size):
+    from conftest import BLOCK_TEXTS
+    from test_index_builder import TITLES, write_corpus
+
+    texts = [" ".join(BLOCK_TEXTS[i:] + BLOCK_TEXTS[:i]) for i in range(num_blocks)]  # six sentences each
+    corpus = write_corpus(tmp_path / "corpus", titles=TITLES[:num_blocks], texts=texts)
+    argv = train_args(corpus, tmp_path / "ict", "--max-steps", "1", "--batch-size", str(batch_size))
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert f"(--batch-size {batch_size} x 1 processes; corpus {corpus} has {num_blocks} blocks)" in error
+    assert "a batch of one block has none, its loss is 0 and nothing trains" in error

@@ -15,7 +15,7 @@ from openrealm import RealmKnowledgeAugEncoder
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import cli, towers
-from openrealm.trainers.masked_lm import CorpusBlocks, MaskedLmModel, collator
+from openrealm.trainers.masked_lm import CorpusBlocks, MaskedLmModel, collator, evaluate
 from openrealm.trainers.quickstart import WORLD
 from openrealm.trainers.synthetic_world import generate_world
 
@@ -123,3 +123,61 @@ def test_train_mlm_refuses_a_non_empty_output(corpus, headless_bert, tmp_path, c
     assert cli.main(argv) != 0
     assert f"output folder {output} is not empty" in capsys.readouterr().err
     assert (output / "notes.txt").read_text() == "mine"
+
+
+def tiny_encoder(corpus) -> RealmKnowledgeAugEncoder:
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    return towers.load_encoder("random", tokenizer, {"hidden_size": 32, "num_hidden_layers": 1,
+                                                     "num_attention_heads": 2, "intermediate_size": 64})  # fmt: skip
+
+
+def test_a_batch_whose_masking_chose_no_wordpiece_gives_a_zero_loss_that_reaches_the_weights(corpus):
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    rows = [CorpusBlocks(load_corpus(corpus), tokenizer, 64)[i] for i in range(2)]
+    batch = collator(tokenizer, seed=0)(rows)
+    batch["labels"].fill_(-100)
+    model = MaskedLmModel(tiny_encoder(corpus))
+    out = model(**batch)
+    assert out.loss.item() == 0.0 and out.accuracy.item() == 0.0
+    out.loss.backward()
+    head = model.encoder.cls.predictions.transform.dense.weight.grad
+    assert head is not None and torch.count_nonzero(head) == 0
+
+
+def test_evaluation_leaves_out_batches_without_a_chosen_wordpiece(corpus):
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    rows = [CorpusBlocks(load_corpus(corpus), tokenizer, 64)[i] for i in range(4)]
+    masked = collator(tokenizer, seed=0)(rows)
+    unmasked = {name: tensor.clone() for name, tensor in masked.items()}
+    unmasked["labels"].fill_(-100)
+    model = MaskedLmModel(tiny_encoder(corpus))
+    assert evaluate(model, [unmasked, masked]) == evaluate(model, [masked])
+
+
+def mlm_argv(corpus, output, *extra: str) -> list[str]:
+    return [
+        "train", "mlm", "--corpus", str(corpus), "--init", "random", "--output", str(output), "--max-steps", "1",
+        "--batch-size", "4", "--eval-blocks", "8", "--config-overrides",
+        "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,max_position_embeddings=64",
+        "--quiet", *extra,
+    ]  # fmt: skip
+
+
+def test_train_mlm_refuses_a_block_length_that_leaves_no_wordpiece_to_mask(corpus, tmp_path, capsys):
+    output = tmp_path / "encoder"
+    assert cli.main(mlm_argv(corpus, output, "--max-seq-len", "3")) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(
+        "openrealm: error: 117 of 117 blocks an epoch (100%) give no training example: 117 because BERT's masking "
+        "(each wordpiece with probability 0.15) chooses none of the wordpieces of their block, which holds 0.0 on "
+        "average at --max-seq-len 3"
+    )
+    assert "raise --max-seq-len" in error and not output.exists()
+
+
+def test_train_mlm_summary_line_warns_when_most_blocks_get_no_mask(corpus, tmp_path, capsys):
+    output = tmp_path / "encoder"
+    assert cli.main(mlm_argv(corpus, output, "--max-seq-len", "5")) == 0  # 2 wordpieces a block: 72% unmasked
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"masked LM: saved the RealmKnowledgeAugEncoder to {output} (train loss ")
+    assert "; warning: 85 of 117 blocks an epoch (73%) give no training example: 85 because BERT's masking" in line

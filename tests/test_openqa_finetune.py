@@ -492,3 +492,54 @@ def test_starting_from_towers_without_a_corpus_says_to_pass_one(world_run):
 
     with pytest.raises(ValueError, match="pass --corpus DIR"):
         load_openqa_model(world_run["pretrained"])
+
+
+def openqa_argv(world_run, train, output, *extra: str) -> list[str]:
+    return [
+        "train", "openqa", "--model", str(world_run["pretrained"]), "--corpus", str(world_run["corpus"]),
+        "--train", str(train), "--output", str(output), "--max-steps", "2", "--batch-size", "4", "--warmup-steps", "0",
+        "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+def unanswerable(questions: list[dict]) -> list[dict]:
+    """The questions with an answer no block of the world holds."""
+    return [{**row, "answers": ["Zorblax Quuxington"]} for row in questions]
+
+
+def first_training_questions(world_run, count: int) -> list[dict]:
+    return [json.loads(line) for line in world_run["train"].read_text().splitlines()[:count]]
+
+
+def test_fine_tuning_on_questions_whose_answers_no_retrieved_block_holds_ends_with_an_error_and_saves_nothing(
+    world_run, tmp_path, capsys
+):
+    from openrealm.trainers.cli import main
+
+    questions = first_training_questions(world_run, 8)
+    train = write_questions(tmp_path / "train.jsonl", unanswerable(questions))
+    output = tmp_path / "finetuned"
+    assert main(openqa_argv(world_run, train, output)) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(
+        "openrealm: error: open-QA fine-tuning ended: 8 of 8 training questions read (100%) give no training "
+        "example: 8 because none of the "
+    )
+    assert "blocks retrieved for them holds one of their answers, so ORQA's losses are zero for them" in error
+    assert "--searcher-beam-size" in error and error.endswith("No model was saved.")
+    assert not output.exists()
+
+
+def test_fine_tuning_summary_line_warns_when_most_questions_have_no_answer_retrieved(world_run, tmp_path, capsys):
+    from openrealm.trainers.cli import main
+
+    questions = first_training_questions(world_run, 8)
+    rows = questions[:3] + unanswerable(questions[3:])
+    train = write_questions(tmp_path / "train.jsonl", rows)
+    output = tmp_path / "finetuned"
+    assert main(openqa_argv(world_run, train, output)) == 0  # 2 steps of 4: the 8 questions, each once
+    line = capsys.readouterr().out.splitlines()[-1]
+    summary = json.loads((output / "openqa_training.json").read_text())
+    assert (summary["num_questions_read"], summary["num_questions_unanswered"]) == (8, 5)
+    assert line == f"Saved the fine-tuned RealmForOpenQA to {output}; warning: {summary['dropped_warning']}"
+    assert summary["dropped_warning"].startswith("5 of 8 training questions read (62%) give no training example")

@@ -21,7 +21,7 @@ from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmKnowledg
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers import pretrain, towers
+from openrealm.trainers import dropped, pretrain, towers
 from openrealm.trainers.index_builder import build_index, build_request, list_versions, read_build_status
 from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretraining import RealmPretrainingExamples
@@ -505,12 +505,18 @@ def pretrain_argv(corpus: Path, output: Path, *extra: str) -> list[str]:
     return argv + ["--index-batch-size", "32", *extra]
 
 
+def cli_pretrain(corpus: Path, output: Path, *extra: str) -> int:
+    from openrealm.trainers import cli
+
+    return cli.main(["train", "pretrain", *pretrain_argv(corpus, output, *extra)])
+
+
 def test_pretraining_refuses_a_corpus_without_any_salient_span_naming_the_counts_and_flags(corpus, tmp_path, capsys):
     blocks = small_corpus(corpus, tmp_path / "corpus", UNDATED[:3], spans="none")
     output = tmp_path / "out"
-    assert pretrain.main(pretrain_argv(blocks, output, "--max-steps", "2")) == 2
-    error = capsys.readouterr().err
-    assert "0 of 3 blocks" in error and "(span annotators: none)" in error
+    assert cli_pretrain(blocks, output, "--max-steps", "2") == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("openrealm: error: 0 of 3 blocks") and "(span annotators: none)" in error
     for flag in ("--spans spacy", "--spans MODEL", "--spans random_span", "--spans random_token"):
         assert flag in error, flag
     assert not output.exists()  # refused before any index was built
@@ -570,3 +576,121 @@ def test_cli_corpus_build_with_defaults_feeds_train_pretrain_with_defaults(corpu
     assert summary["spans"] == "salient" and summary["refresh_mode"] == "async" and summary["batch_size"] == 4
     assert summary["totals"]["num_examples"] > 0 and math.isfinite(summary["train_loss"])
     assert json.loads((built / "corpus_config.json").read_text())["span_annotators"] == ["date-regex"]
+
+
+DATED = [f"In March {1900 + i} the river number {i} was named by the city." for i in range(10)]
+
+
+def repeated_corpus(corpus: Path, output: Path, texts: list[str], copies: int) -> Path:
+    """`copies` copies of the articles "Article i" (one block each), duplicates kept (--no-deduplicate)."""
+    rows = [{"title": f"Article {i}", "text": text} for i, text in enumerate(texts)] * copies
+    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    build_corpus(Dataset.from_list(rows), output, tokenizer, span_annotator=make_span_annotator("regex"), deduplicate=False)  # fmt: skip
+    return output
+
+
+def test_pretraining_that_drops_every_example_for_duplicate_blocks_ends_with_an_error_and_saves_nothing(
+    corpus, tmp_path, capsys
+):
+    # The issue's run: 10 articles present 3 times (30 blocks, 20 duplicates), 4 steps of 4 with sync refreshes.
+    blocks = repeated_corpus(corpus, tmp_path / "corpus", DATED, copies=3)
+    output = tmp_path / "out"
+    argv = ["--max-steps", "4", "--batch-size", "4", "--refresh-every", "2", "--refresh-mode", "sync"]
+    assert cli_pretrain(blocks, output, *argv) == 2
+    err = capsys.readouterr().err
+    assert "REALM pre-training: warning: 20 of 30 blocks duplicate an earlier block" in err
+    error = err.splitlines()[-1]
+    assert error.startswith(
+        "openrealm: error: REALM pre-training ended: 16 of 16 corpus rows read (100%) give no training example: 16 "
+        "because their retrieved blocks held two copies of one block"
+    )
+    assert "Rebuild the corpus with `openrealm corpus build` (without --no-deduplicate)" in error
+    assert "more than --max-dropped-share 0.9" in error and error.endswith("No model was saved.")
+    assert not (output / "pretraining.json").exists() and not (output / "embedder").exists()
+
+
+def test_pretraining_stops_at_the_first_logging_step_past_the_share_once_enough_rows_were_read(
+    corpus, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(dropped, "MIN_EXAMPLES_TO_STOP", 8)  # 200 rows by default: too many for a test
+    recorder = StepRecorder()
+    blocks = repeated_corpus(corpus, tmp_path / "corpus", DATED, copies=3)
+    parser = argparse.ArgumentParser()
+    train_pretrain(parser)
+    args = parser.parse_args(pretrain_argv(blocks, tmp_path / "out", "--max-steps", "40", "--batch-size", "4", "--logging-steps", "2"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"REALM pre-training stopped after step 2 of 40: 8 of 8 corpus rows read"):
+        pretrain.run(args, callbacks=[recorder])
+    assert recorder.steps == [1, 2]
+    assert not (tmp_path / "out" / "pretraining.json").exists()
+
+
+def test_pretraining_summary_line_warns_when_most_rows_give_no_example_with_the_counts_by_cause(
+    corpus, tmp_path, capsys
+):
+    texts = ["The river was named in March 1912 by the city.", *UNDATED[1:]]  # 1 of 8 blocks has a salient span
+    blocks = small_corpus(corpus, tmp_path / "corpus", texts)
+    output = tmp_path / "out"
+    assert cli_pretrain(blocks, output, "--max-steps", "4", "--batch-size", "2") == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"REALM pre-training: saved embedder/, encoder/ and scorer/ to {output} (train loss ")
+    assert "; warning: 7 of 8 corpus rows read (88%) give no training example: 7 because their block has no " in line
+    assert "--spans spacy" in line and "--spans random_span" in line
+    summary = json.loads((output / "pretraining.json").read_text())
+    assert (
+        summary["totals"]["num_skipped_no_valid_spans"] == 7 and summary["totals"]["num_dropped_duplicate_uids"] == 0
+    )
+
+
+def test_pretraining_summary_line_has_no_warning_when_most_rows_train(corpus, tmp_path, capsys):
+    blocks = small_corpus(corpus, tmp_path / "corpus", DATED[:8])
+    assert cli_pretrain(blocks, tmp_path / "out", "--max-steps", "2", "--batch-size", "2") == 0
+    assert "warning" not in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_pretraining_refuses_more_candidates_than_distinct_blocks_before_building_anything(corpus, tmp_path, capsys):
+    blocks = repeated_corpus(corpus, tmp_path / "corpus", DATED[:3], copies=3)
+    output = tmp_path / "out"
+    assert cli_pretrain(blocks, output, "--max-steps", "2") == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(
+        f"openrealm: error: --num-candidates 8 retrieves 8 blocks per query, but {blocks} holds only 3 distinct ones "
+        "(9 searchable blocks, of which 6 duplicate another): every query would be dropped. Lower --num-candidates"
+    )
+    assert not output.exists()
+
+
+def test_pretraining_refuses_a_corpus_of_one_block_before_building_anything(corpus, tmp_path, capsys):
+    blocks = small_corpus(corpus, tmp_path / "corpus", DATED[:1])
+    assert cli_pretrain(blocks, tmp_path / "out", "--max-steps", "2") == 2
+    assert "holds only 1 distinct ones (1 searchable blocks): every query" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_pretraining_refuses_a_corpus_where_too_few_blocks_have_a_salient_span_unless_told_to_train_anyway(
+    corpus, tmp_path, capsys
+):
+    texts = [DATED[0], *(f"The river number {i} flows past the city number {i}." for i in range(11))]
+    blocks = small_corpus(corpus, tmp_path / "corpus", texts)  # 1 of 12 blocks has a date: 92% dropped at least
+    output = tmp_path / "out"
+    assert cli_pretrain(blocks, output, "--max-steps", "1", "--batch-size", "2") == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(
+        "openrealm: error: 11 of 12 corpus rows (92%) give no training example: 11 because their block has no salient "
+        "span"
+    )
+    assert not output.exists()
+    assert cli_pretrain(blocks, output, "--max-steps", "1", "--batch-size", "2", "--max-dropped-share", "1") == 0
+    assert (output / "pretraining.json").is_file()
+
+
+def test_pretraining_whose_masks_all_lie_past_the_query_length_ends_with_an_error_naming_it(corpus, tmp_path, capsys):
+    # Towers of 16 positions read queries of 12 wordpieces: every date below comes later in its sentence.
+    texts = [
+        f"The river number {i} flows past the old city and into the sea since March {1900 + i}." for i in range(8)
+    ]
+    blocks = small_corpus(corpus, tmp_path / "corpus", texts)
+    argv = ["--max-steps", "2", "--batch-size", "2", "--config-overrides", TINY + ",max_position_embeddings=16"]
+    assert cli_pretrain(blocks, tmp_path / "out", *argv) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "4 of 4 corpus rows read (100%) give no training example: 4 because the words to mask lie past the first " in error  # fmt: skip
+    assert "10 wordpieces of their sentence" in error and "max_position_embeddings" in error

@@ -190,3 +190,39 @@ def test_ranks_whose_batches_are_all_dropped_train_on_in_step_and_the_skips_are_
     assert summary["num_processes"] == 2 and summary["log_history"][-1]["step"] == 4
     assert summary["skipped_batches"] == 7 and summary["dropped_examples"] == 7
     assert summary["totals"]["num_examples"] == 1
+
+
+# The CLI with the share checked from 2 rows read on (200 by default): the stop at a logging step runs on every rank.
+STOP_FROM_TWO_ROWS = """
+import sys
+from openrealm.trainers import cli, dropped
+
+dropped.MIN_EXAMPLES_TO_STOP = 2
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_ranks_stop_together_when_duplicate_blocks_drop_every_example_and_one_error_is_printed(corpus, tmp_path):
+    blocks = test_pretrain.repeated_corpus(corpus, tmp_path / "corpus", test_pretrain.DATED, copies=3)
+    script = tmp_path / "stop_from_two_rows.py"
+    script.write_text(STOP_FROM_TWO_ROWS)
+    output = tmp_path / "out"
+    argv = pretrain_argv(blocks, output, "off", 40)
+    argv[argv.index("--batch-size") + 1] = "1"
+    result = subprocess.run(
+        [*LAUNCH, str(script), "train", "pretrain", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        timeout=TIMEOUT,
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("openrealm: error:")]
+    assert result.returncode != 0 and len(errors) == 1, result.stderr[-4000:]
+    assert errors[0].startswith(
+        "openrealm: error: REALM pre-training stopped after step 1 of 40: 2 of 2 corpus rows read (100%) give no "
+        "training example: 2 because their retrieved blocks held two copies of one block"
+    )
+    assert not (output / "pretraining.json").exists()
+    records = rank_records(output)
+    assert [record["batch_index_versions"] for record in records] == [[[1, 0]], [[1, 0]]]  # one step on each rank

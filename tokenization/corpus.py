@@ -7,8 +7,9 @@
 An article ({"title", "text"}) is HTML-unescaped, split into sentences by sentencex (rule-based, no model download),
 and its sentences are packed greedily into blocks: a sentence joins the current block while
 `3 + len(title_ids) + len(body so far) + len(sentence) <= max_block_length` ([CLS] title [SEP] body [SEP]), so the
-title counts against the budget and blocks never cross articles. The output folder (written to a temporary sibling,
-then renamed) holds:
+title counts against the budget and blocks never cross articles. A block with the title and text of an earlier block is
+dropped (`duplicate_rows`; `deduplicate=False` keeps it; docs/corpus.md says why). The output folder (written to a
+temporary sibling, then renamed) holds:
 
     corpus_config.json          format, version, counts, tokenizer, sentence splitter, span annotators, source
     blocks/                     datasets Arrow (save_to_disk), one row per block, in block-id order (COLUMNS)
@@ -110,6 +111,49 @@ def is_removed_page(title: str) -> bool:
 def document_uid(title: str, text: str) -> str:
     """Google's document uid (`featurization.get_document_uid`) as hex: SHA-1 of f"{title} <sep> {text}"."""
     return hashlib.sha1(f"{title} <sep> {text}".encode()).hexdigest()
+
+
+def duplicate_rows(uids) -> np.ndarray:
+    """Rows [D] (ascending int64) whose uid equals an earlier row's: the duplicate blocks.
+
+    A duplicate block has the same title and the same text as an earlier block (its document uid, SHA-1 of
+    `title <sep> text`): the key Google's example generator compares, dropping every pre-training example whose K
+    candidates hold two blocks of one uid (spec §3.4). uids: strings, a pyarrow Array or a ChunkedArray (a corpus's
+    `blocks.with_format("arrow")["uid"]`: counted in Arrow, no Python string per row)."""
+    import pyarrow as pa
+
+    column = uids if isinstance(uids, (pa.Array, pa.ChunkedArray)) else pa.array(list(uids), type=pa.string())
+    rows = pa.array(np.arange(len(column), dtype=np.int64))
+    first = pa.table({"uid": column, "row": rows}).group_by("uid").aggregate([("row", "min")])["row_min"]
+    duplicate = np.ones(len(column), dtype=bool)
+    duplicate[first.to_numpy()] = False
+    return np.flatnonzero(duplicate).astype(np.int64)
+
+
+def count_duplicate_blocks(uids, removed_ids=()) -> int:
+    """How many live blocks (all rows but removed_ids) duplicate an earlier live block (see duplicate_rows)."""
+    import pyarrow as pa
+
+    column = uids if isinstance(uids, (pa.Array, pa.ChunkedArray)) else pa.array(list(uids), type=pa.string())
+    if len(removed_ids):
+        live = np.ones(len(column), dtype=bool)
+        live[np.asarray(removed_ids, dtype=np.int64)] = False
+        column = column.filter(pa.array(live))
+    return len(duplicate_rows(column))
+
+
+def drop_duplicate_blocks(blocks, scratch: str, drop: bool = True):
+    """(blocks, number of rows duplicating an earlier row): without those rows when drop (the others keep their order;
+    the new table is written to `scratch`), else as given. blocks: a datasets.Dataset with a "uid" column and no
+    indices mapping (what pack_articles returns)."""
+    duplicates = duplicate_rows(blocks.data.column("uid"))
+    if drop and len(duplicates):
+        keep = np.setdiff1d(np.arange(len(blocks), dtype=np.int64), duplicates)
+        blocks = blocks.select(keep).flatten_indices(  # an inner step: its bar shows with --verbose only
+            cache_file_name=os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}.arrow"),
+            new_fingerprint=uuid.uuid4().hex,
+        )
+    return blocks, len(duplicates)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -543,6 +587,7 @@ def build_corpus(
     html_unescape: bool = True,
     language: str = "en",
     progress: bool | None = None,
+    deduplicate: bool = True,
 ):
     """Build the knowledge corpus folder `output_dir` from articles; returns its blocks (`load_corpus(output_dir)`).
 
@@ -564,6 +609,9 @@ def build_corpus(
     page_filter: drop "List of …", "Index of …", "Outline of …" and "(disambiguation)" pages, as Google did.
     html_unescape: `html.unescape` the article text (not the title), as Google did for WikiExtractor output.
     language: sentencex language code.
+    deduplicate: drop every block with the same title and text as an earlier block (`duplicate_rows`; docs/corpus.md
+        says why this is the default); False keeps them. corpus_config.json records `deduplicate`,
+        `num_duplicate_blocks` (duplicates the corpus holds) and `num_duplicates_dropped`.
 
     Everything is written to a temporary sibling of output_dir and renamed when complete: a failure leaves nothing.
     """
@@ -582,6 +630,7 @@ def build_corpus(
             blocks = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
+            blocks, num_duplicates = drop_duplicate_blocks(blocks, scratch, deduplicate)
             num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
             # Block ids are row numbers, known only once every process has packed its share.
             blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
@@ -606,6 +655,9 @@ def build_corpus(
                 "page_filter": page_filter,
                 "html_unescape": html_unescape,
                 "language": language,
+                "deduplicate": deduplicate,
+                "num_duplicate_blocks": 0 if deduplicate else num_duplicates,
+                "num_duplicates_dropped": num_duplicates if deduplicate else 0,
                 "source": builder.source_name,
                 "files": sorted({CONFIG_NAME, *os.listdir(staging)}),  # what --overwrite may replace, nothing else
             }
@@ -855,13 +907,39 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             page_filter=not args.no_page_filter,
             progress=not args.quiet,
+            deduplicate=args.deduplicate,
         )
     except (OSError, ValueError) as error:  # bad input or output: a message, not a traceback
         print(f"openrealm corpus build: {error}", file=sys.stderr)
         return 2
     config = read_corpus_config(args.output)
-    print(f"Wrote {len(blocks)} blocks from {config['num_articles']} articles to {os.path.abspath(args.output)}")
+    print(
+        f"Wrote {len(blocks)} blocks from {config['num_articles']} articles to {os.path.abspath(args.output)}"
+        + duplicates_note(config["num_duplicates_dropped"])
+    )
+    warning = duplicates_warning(config["num_duplicate_blocks"], len(blocks))
+    if warning:
+        print(f"openrealm corpus build: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def duplicates_note(dropped: int) -> str:
+    """The end of a corpus command's summary line when duplicate blocks were dropped ("" when none)."""
+    if not dropped:
+        return ""
+    return f" ({dropped} duplicate block(s) dropped: the same title and text as an earlier block)"
+
+
+def duplicates_warning(num_duplicates: int, num_blocks: int) -> str | None:
+    """What a corpus command warns when the corpus keeps duplicate blocks (--no-deduplicate), else None."""
+    if not num_duplicates:
+        return None
+    return (
+        f"{num_duplicates} of {num_blocks} blocks duplicate an earlier block (the same title and text); REALM "
+        "pre-training drops every example whose retrieved blocks include two copies of one, and copies take the places "
+        "of other blocks among the retrieved ones. Rebuild it with `openrealm corpus build` (without --no-deduplicate) "
+        "to drop them."
+    )
 
 
 __all__ = [
@@ -876,7 +954,10 @@ __all__ = [
     "block_features",
     "block_retriever_inputs",
     "build_corpus",
+    "count_duplicate_blocks",
     "document_uid",
+    "drop_duplicate_blocks",
+    "duplicate_rows",
     "is_removed_page",
     "iter_jsonl",
     "json_type",

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from openrealm import RealmRetriever
@@ -44,7 +45,12 @@ from openrealm.tokenization.corpus import (
     REMOVED_IDS_NAME,
     BlockBuilder,
     annotator_names,
+    count_duplicate_blocks,
+    drop_duplicate_blocks,
+    duplicates_note,
+    duplicates_warning,
     load_articles,
+    load_corpus,
     pack_articles,
     read_corpus_config,
     read_removed_block_ids,
@@ -70,6 +76,7 @@ def edit_corpus(
     device: str | torch.device | None = None,
     num_proc: int = 1,
     progress: bool = True,
+    deduplicate: bool | None = None,
 ) -> dict:
     """Write the next version of `folder` with the articles of `add` (a JSONL path or a datasets.Dataset with
     "title", "text") added as new blocks, and the blocks of `remove_titles` / `remove_ids` removed; with `replace`,
@@ -78,6 +85,9 @@ def edit_corpus(
 
     embedder: for an index without an embedder snapshot (a RealmEmbedder or a checkpoint for towers.load_embedder);
     span_annotator: salient spans of the new blocks in a corpus folder (as corpus build's).
+    deduplicate: drop the new blocks that duplicate an earlier one (the same title and text; corpus.duplicate_rows);
+    None: as the corpus was built (corpus_config.json), on for other folders. The summary's num_duplicates counts
+    those found, and a corpus folder's config the duplicates its live blocks hold afterwards.
     """
     folder = os.path.abspath(os.fspath(folder))
     is_corpus = os.path.isfile(os.path.join(folder, CONFIG_NAME))
@@ -115,6 +125,12 @@ def edit_corpus(
             )
             first_article = (config or {}).get("num_input_articles", 0)
             new_blocks = pack_articles(articles, builder, scratch, num_proc=num_proc, first_id=first_article)
+            # A live block of an added title is refused (add) or removed first (update), so only the added articles
+            # can repeat a block (a duplicate has the title of the block it copies).
+            if deduplicate is None:
+                deduplicate = (config or {}).get("deduplicate", True)
+            new_blocks, num_duplicates = drop_duplicate_blocks(new_blocks, scratch, deduplicate)
+            summary.update(num_duplicates=num_duplicates, duplicates_dropped=bool(deduplicate and num_duplicates))
             new_ids = np.arange(num_before, num_before + len(new_blocks), dtype=np.int64)
             from datasets import Value
 
@@ -142,7 +158,11 @@ def edit_corpus(
         if is_corpus:
             removed = np.union1d(removed_before, to_remove).astype(np.int64)
             num_input = len(articles) if add is not None else 0
-            _write_corpus_files(folder, staging, config, new_blocks, num_input, removed, span_annotator)
+            num_dropped = summary["num_duplicates"] if summary.get("duplicates_dropped") else 0
+            written = _write_corpus_files(
+                folder, staging, config, new_blocks, num_input, removed, span_annotator, num_dropped
+            )
+            summary["num_duplicate_blocks"] = written["num_duplicate_blocks"]
         if new_blocks is not None:
             del new_blocks
             shutil.rmtree(os.path.join(staging, ".scratch"), ignore_errors=True)
@@ -194,9 +214,10 @@ def _block_embedder(index, embedder, folder: str) -> torch.nn.Module:
     return stored
 
 
-def _write_corpus_files(folder, staging, config, new_blocks, num_input, removed, span_annotator) -> None:
+def _write_corpus_files(folder, staging, config, new_blocks, num_input, removed, span_annotator, num_dropped) -> dict:
     """blocks/ (the old Arrow files hard-linked, the new blocks in one more file), removed ids, corpus_config.json.
-    num_input: the articles read for new_blocks, page-filtered ones included."""
+    num_input: the articles read for new_blocks, page-filtered ones included; num_dropped: duplicate blocks of theirs
+    left out. Returns the config written."""
     old_dir, new_dir = Path(folder) / BLOCKS_DIR, Path(staging) / BLOCKS_DIR
     state = json.loads((old_dir / "state.json").read_text())
     new_dir.mkdir()
@@ -218,6 +239,12 @@ def _write_corpus_files(folder, staging, config, new_blocks, num_input, removed,
     if len(removed):
         write_removed_block_ids(Path(staging) / REMOVED_IDS_NAME, removed)
     config = dict(config, version=version, num_blocks=num_blocks, num_removed=len(removed))
+    uids = load_corpus(folder).with_format("arrow")["uid"]
+    if new_blocks is not None:
+        uids = pa.chunked_array([*uids.chunks, *new_blocks.with_format("arrow")["uid"].chunks])
+    config["num_duplicate_blocks"] = count_duplicate_blocks(uids, removed)  # the live blocks, after this edit
+    if num_dropped:
+        config["num_duplicates_dropped"] = config.get("num_duplicates_dropped", 0) + num_dropped
     if new_blocks is not None:
         # every input row took an article id, also those the page filter dropped: the next add starts after them
         config["num_input_articles"] = config.get("num_input_articles", 0) + num_input
@@ -231,6 +258,7 @@ def _write_corpus_files(folder, staging, config, new_blocks, num_input, removed,
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
+    return config
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -256,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             device=args.device,
             progress=not args.quiet,
+            deduplicate=args.deduplicate,
         )
     else:
         kwargs = dict(remove_titles=args.titles or (), remove_ids=args.ids or ())
@@ -273,7 +302,13 @@ def run(args: argparse.Namespace) -> int:
             if summary["index_version"] is not None
             else " (no index yet)"
         )
+        + duplicates_note(summary.get("num_duplicates", 0) if summary.get("duplicates_dropped") else 0)
     )
+    if summary.get("num_duplicates") and not summary["duplicates_dropped"]:  # kept: --no-deduplicate
+        held = summary.get("num_duplicate_blocks", summary["num_duplicates"])  # a corpus folder's count: all live
+        print(
+            f"openrealm corpus {command}: warning: {duplicates_warning(held, summary['num_blocks'])}", file=sys.stderr
+        )
     if summary["needs_rebuild"]:
         print(
             f"openrealm corpus {command}: warning: the approximate index changed by {summary['drift']:.0%} since it "

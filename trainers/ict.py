@@ -39,8 +39,9 @@ from openrealm.trainers.checkpoints import (
     remove_stale_staging,
     resolve_resume,
 )
+from openrealm.trainers.dropped import check_dropped
 from openrealm.trainers.index_builder import embed_blocks, leave_process_group
-from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE, train_ict
+from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE, MAX_DROPPED_SHARE, train_ict
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.towers import check_tokenizer, fit_length, load_embedder, save_tower
 
@@ -329,6 +330,28 @@ def load_blocks(corpus):
     return blocks
 
 
+def expected_dropped(blocks, mask_rate: float) -> tuple[int, dict[str, int], dict[str, tuple[str, str]]]:
+    """What an epoch of ICT over `blocks` drops, on average: (examples, dropped by cause, causes for
+    trainers.dropped). A block without a sentence gives no query; a one-sentence block loses its only sentence with
+    probability mask_rate, which leaves no context (Google drops that example). Counted in Arrow, rows undecoded."""
+    import pyarrow.compute as pc
+
+    counts = pc.list_value_length(blocks.with_format("arrow")["sentence_starts"])
+    single = int(pc.sum(pc.equal(counts, 1)).as_py() or 0)
+    empty = int(pc.sum(pc.equal(counts, 0)).as_py() or 0)
+    dropped = {"single_sentence": round(single * mask_rate), "no_sentence": empty}
+    causes = {
+        "single_sentence": (
+            f"their block holds a single sentence, which ICT removes from it with probability --mask-rate "
+            f"{mask_rate:g}, leaving no context, and Google's ICT drops such an example ({single:,} of the "
+            f"{len(blocks):,} blocks hold one sentence)",
+            "build the corpus from longer articles (several sentences per block), or lower --mask-rate",
+        ),
+        "no_sentence": ("their block holds no sentence", "rebuild the corpus with `openrealm corpus build`"),
+    }
+    return len(blocks), dropped, causes
+
+
 def parse_config_overrides(text: str | None) -> dict:
     """ "hidden_size=64,num_hidden_layers=2,hidden_act=gelu" -> {"hidden_size": 64, ...} (values read as JSON when
     they parse, else kept as strings)."""
@@ -495,6 +518,12 @@ def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, 
         disable_tqdm=args.quiet,
     )
     world = training_args.world_size
+    if len(blocks) < 2 or args.batch_size * world < 2:
+        raise ValueError(
+            f"ICT scores each query against the other blocks of its global batch (--batch-size {args.batch_size} x "
+            f"{world} processes; corpus {args.corpus} has {len(blocks)} blocks): a batch of one block has none, its "
+            "loss is 0 and nothing trains. Use a corpus of at least 2 blocks and a global batch of at least 2"
+        )
     if len(blocks) < args.batch_size * world:
         raise ValueError(
             f"corpus {args.corpus} has {len(blocks)} blocks, fewer than one global batch "
@@ -577,6 +606,14 @@ def run(args: argparse.Namespace) -> int:
 
     prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None)
     blocks = load_blocks(args.corpus).select_columns(list(CORPUS_COLUMNS))
+    # Before the model loads: a corpus of one-sentence blocks trains (nearly) nothing at Google's mask rate.
+    refusal, warning = check_dropped(
+        *expected_dropped(blocks, args.mask_rate),
+        getattr(args, "max_dropped_share", MAX_DROPPED_SHARE),
+        "examples an epoch",
+    )
+    if refusal is not None:
+        raise ValueError(refusal)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
     embedder = load_embedder(args.init, tokenizer, parse_config_overrides(args.config_overrides), args.seed, "--init")
     check_tokenizer(embedder, tokenizer, args.init, "--init")
@@ -604,7 +641,10 @@ def run(args: argparse.Namespace) -> int:
                 block_seq_len=args.block_seq_len,
             )
         save_tower(embedder, args.output, tokenizer, {"ict_training.json": json.dumps(summary, indent=2) + "\n"})
-        print(f"ICT: saved the RealmEmbedder to {args.output} ({summary_line(trainer, summary)})")
+        print(
+            f"ICT: saved the RealmEmbedder to {args.output} ({summary_line(trainer, summary)})"
+            + (f"; warning: {warning}" if warning else "")
+        )
         if args.push_to_hub:
             embedder.push_to_hub(args.push_to_hub)
             tokenizer.push_to_hub(args.push_to_hub)

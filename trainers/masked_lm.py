@@ -30,9 +30,10 @@ from transformers.utils import ModelOutput
 from openrealm import RealmKnowledgeAugEncoder
 from openrealm.tokenization.corpus import MAX_BLOCK_LENGTH, block_retriever_inputs, load_corpus, read_removed_block_ids
 from openrealm.trainers.checkpoints import StagedCheckpointTrainer, resolve_resume
+from openrealm.trainers.dropped import check_dropped
 from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides, prepare_output
 from openrealm.trainers.index_builder import leave_process_group
-from openrealm.trainers.options import train_mlm
+from openrealm.trainers.options import MAX_DROPPED_SHARE, train_mlm
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.towers import check_tokenizer, fit_length, load_encoder, save_tower
 
@@ -59,7 +60,8 @@ class CorpusBlocks(torch.utils.data.Dataset):
 
 class MaskedLmModel(nn.Module):
     """BERT's masked-LM loss on a RealmKnowledgeAugEncoder: input_ids, token_type_ids, attention_mask, labels [B, L]
-    (-100 where nothing is predicted) -> loss (mean cross-entropy over the N predicted positions), accuracy [scalar]."""
+    (-100 where nothing is predicted) -> loss (mean cross-entropy over the N predicted positions), accuracy [scalar];
+    both 0 when N is 0."""
 
     def __init__(self, encoder: RealmKnowledgeAugEncoder):
         super().__init__()
@@ -70,11 +72,38 @@ class MaskedLmModel(nn.Module):
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
         ).last_hidden_state
         chosen = labels != -100
+        if not bool(chosen.any()):  # the masking chose no wordpiece: a zero loss reaching every weight, not a NaN
+            loss = self.encoder.cls(hidden[:, :1]).float().sum() * 0.0
+            return ModelOutput(loss=loss, accuracy=torch.zeros((), device=loss.device))
         logits = self.encoder.cls(hidden[chosen]).float()  # [N, V]
         targets = labels[chosen]
         loss = nn.functional.cross_entropy(logits, targets)
         accuracy = (logits.argmax(-1) == targets).float().mean()
         return ModelOutput(loss=loss, accuracy=accuracy)
+
+
+def expected_dropped(blocks, max_length: int) -> tuple[int, dict[str, int], dict[str, tuple[str, str]]]:
+    """What an epoch of BERT masking over `blocks` read at max_length drops, on average: (blocks, dropped by cause,
+    causes for trainers.dropped). A block of n wordpieces (title and body as read, at most max_length - 3) gets no
+    chosen wordpiece with probability (1 - MLM_PROBABILITY)^n, and then trains nothing. Counted with numpy from the
+    Arrow lengths."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    columns = blocks.with_format("arrow")
+    read = np.minimum(
+        pc.list_value_length(columns["title_ids"]).to_numpy() + pc.list_value_length(columns["token_ids"]).to_numpy(),
+        max(max_length - 3, 0),
+    )
+    expected = round(float(((1 - MLM_PROBABILITY) ** read).sum()))
+    causes = {
+        "no_wordpiece_chosen": (
+            f"BERT's masking (each wordpiece with probability {MLM_PROBABILITY}) chooses none of the wordpieces of "
+            f"their block, which holds {read.mean():.1f} on average at --max-seq-len {max_length}",
+            "train on longer blocks (a corpus of longer articles), or raise --max-seq-len",
+        )
+    }
+    return len(read), {"no_wordpiece_chosen": expected}, causes
 
 
 def collator(tokenizer, seed: int | None = None):
@@ -96,8 +125,10 @@ def evaluate(model: MaskedLmModel, batches: list[dict[str, torch.Tensor]]) -> di
     loss = correct = count = 0.0
     for batch in batches:
         batch = {name: tensor.to(device) for name, tensor in batch.items()}
-        out = model(**batch)
         n = int((batch["labels"] != -100).sum())
+        if n == 0:  # nothing masked in this batch: nothing to score
+            continue
+        out = model(**batch)
         loss, correct, count = loss + float(out.loss) * n, correct + float(out.accuracy) * n, count + n
     model.train(was_training)
     return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "masked_tokens": int(count)}
@@ -174,6 +205,13 @@ def run(args: argparse.Namespace) -> int:
     )
     removed = set(read_removed_block_ids(args.corpus).tolist())
     dataset = CorpusBlocks(blocks, tokenizer, length, removed)
+    refusal, warning = check_dropped(
+        *expected_dropped(blocks.select(dataset.ids) if removed else blocks, length),
+        getattr(args, "max_dropped_share", MAX_DROPPED_SHARE),
+        "blocks an epoch",
+    )
+    if refusal is not None:
+        raise ValueError(refusal)
     model = MaskedLmModel(encoder)
     trainer = build_trainer(args, model, tokenizer, dataset)
     held_out = eval_batches(dataset, tokenizer, args.eval_blocks, args.batch_size, args.seed + 1)
@@ -207,7 +245,10 @@ def run(args: argparse.Namespace) -> int:
                 f", masked-token accuracy on {summary['eval_blocks']} blocks {before['accuracy']:.3f} -> "
                 f"{after['accuracy']:.3f} (perplexity {math.exp(before['loss']):.1f} -> {math.exp(after['loss']):.1f})"
             )
-        print(f"masked LM: saved the RealmKnowledgeAugEncoder to {args.output} ({line})")
+        print(
+            f"masked LM: saved the RealmKnowledgeAugEncoder to {args.output} ({line})"
+            + (f"; warning: {warning}" if warning else "")
+        )
     leave_process_group(trainer.accelerator.state)
     return 0
 

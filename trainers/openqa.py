@@ -44,10 +44,12 @@ from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetri
 from openrealm.file_utils import atomic_directory
 from openrealm.modeling_realm import kept_beside_model
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
+from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
 from openrealm.trainers.ict import google_warmup_steps
 from openrealm.trainers.options import (
     EVAL_READER_BEAM_SIZE,
+    MAX_DROPPED_SHARE,
     MIN_PASSAGE_OVERLAP,
     READER_BEAM_SIZE,
     SEARCHER_BEAM_SIZE,
@@ -63,6 +65,8 @@ from openrealm.trainers.towers import (
     load_embedder,
     load_encoder,
 )
+
+QUESTIONS_READ = "training questions read"  # what the drop messages count
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The model from pre-trained towers
@@ -269,6 +273,43 @@ def summarize_evaluation(results: dict) -> dict:
     return {key: value for key, value in results.items() if key != "predictions"}
 
 
+class OpenQATrainer(Trainer):
+    """The Trainer, counting the training questions read (`num_questions`) and those none of whose retrieved blocks
+    holds an answer, nor a gold passage with passage supervision (`num_unanswered`): ORQA zeroes their losses, so
+    they train nothing."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.num_questions = self.num_unanswered = 0
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        reader, batch_size = outputs.reader_output, inputs["input_ids"].shape[0]
+        trained = reader.retriever_correct.reshape(batch_size, -1).any(-1)
+        if reader.passage_correct is not None:
+            trained |= reader.passage_correct.reshape(batch_size, -1).any(-1)
+        self.num_questions += batch_size
+        self.num_unanswered += int((~trained).sum())
+        return (loss, outputs) if return_outputs else loss
+
+    def drops(self) -> tuple[int, dict[str, int]]:
+        """(training questions read, those that train nothing by cause), for trainers.dropped."""
+        return self.num_questions, {"no_answer_retrieved": self.num_unanswered}
+
+
+def unanswered_causes(searcher_beam_size: int, passage_supervision: bool) -> dict[str, tuple[str, str]]:
+    """Why a training question trains nothing, and the fix, for trainers.dropped."""
+    gold = " nor their gold passage" if passage_supervision else ""
+    return {
+        "no_answer_retrieved": (
+            f"none of the {searcher_beam_size} blocks retrieved for them holds one of their answers{gold}, so "
+            "ORQA's losses are zero for them",
+            "check that the corpus holds the answers of the training questions as they are written (their wordpieces "
+            "are matched in the blocks), or raise --searcher-beam-size",
+        )
+    }
+
+
 class DevEvaluationCallback(TrainerCallback):
     """Evaluates on the dev set every `eval_steps` optimiser steps (and records the metrics with their step)."""
 
@@ -315,6 +356,7 @@ def finetune_openqa(
     summary_extras: dict | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     print_logs: bool = False,
+    max_dropped_share: float = MAX_DROPPED_SHARE,
 ) -> dict:
     """Fine-tune `model` (a RealmForOpenQA with its retriever) on QA rows and save it into output_dir.
 
@@ -323,6 +365,9 @@ def finetune_openqa(
     min(10000, max(100, max_steps / 10)). eval_steps: dev evaluation period (default: before and after training only).
     callbacks: more TrainerCallbacks (e.g. the quickstart's plots). print_logs: also print the Trainer's dict of
     metrics at each logging step (they are in the summary's log history either way).
+    max_dropped_share: ValueError, and nothing saved, when more than this share of the training questions read had
+    no answer in their retrieved blocks (trainers.dropped; checked at logging steps and at the end); above
+    WARN_DROPPED_SHARE the summary's `dropped_warning` says so.
     Returns the training summary (also written to output_dir/openqa_training.json when save).
     """
     train_dataset, dev_dataset = as_dataset(train_dataset), as_dataset(dev_dataset)
@@ -375,12 +420,14 @@ def finetune_openqa(
             disable_tqdm=not progress,
             use_cpu=not torch.cuda.is_available(),
         )
-        trainer = Trainer(
+        causes = unanswered_causes(model.config.searcher_beam_size, passage_supervision)
+        guard = DroppedExamplesGuard(lambda: trainer.drops(), causes, max_dropped_share, QUESTIONS_READ)
+        trainer = OpenQATrainer(
             model=model,
             args=arguments,
             train_dataset=train_dataset,
             data_collator=collator,
-            callbacks=[callback, *callbacks],
+            callbacks=[callback, guard, *callbacks],
         )
         quiet_trainer_logs(trainer, verbose=print_logs)
         model.block_embedding_to(arguments.device)
@@ -388,6 +435,10 @@ def finetune_openqa(
         started = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - started
+    refusal, warning = check_dropped(*trainer.drops(), causes, max_dropped_share, QUESTIONS_READ)
+    refusal = guard.final_refusal("open-QA fine-tuning", max_steps, refusal)
+    if refusal is not None:
+        raise ValueError(refusal)
     model.config.reader_beam_size = eval_beam  # REALM++: read more blocks at inference than in training
     dev_after = evaluate() if dev_dataset is not None else None
     losses = [{"step": row["step"], "loss": row["loss"]} for row in trainer.state.log_history if "loss" in row]
@@ -404,6 +455,9 @@ def finetune_openqa(
         "passage_supervision": passage_supervision,
         "num_blocks": num_blocks,
         "num_train_questions": len(train_dataset),
+        "num_questions_read": trainer.num_questions,
+        "num_questions_unanswered": trainer.num_unanswered,
+        "dropped_warning": warning,
         "train_seconds": round(seconds, 2),
         "train_loss": losses,
         "dev_before": dev_before,
@@ -481,6 +535,7 @@ def run(args: argparse.Namespace) -> int:
         report_to=args.report_to,
         progress=not args.quiet,
         print_logs=args.verbose,
+        max_dropped_share=args.max_dropped_share,
         summary_extras={
             "model": args.model or f"{args.embedder} + {args.encoder}",
             "corpus": args.corpus,
@@ -491,5 +546,6 @@ def run(args: argparse.Namespace) -> int:
     after = summary["dev_after"]
     if after is not None:
         print(f"dev exact match {summary['dev_before']['exact_match']:.2f} -> {after['exact_match']:.2f}")
-    print(f"Saved the fine-tuned RealmForOpenQA to {args.output}")
+    warning = f"; warning: {summary['dropped_warning']}" if summary["dropped_warning"] else ""
+    print(f"Saved the fine-tuned RealmForOpenQA to {args.output}{warning}")
     return 0

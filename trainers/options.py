@@ -34,6 +34,9 @@ DEFAULT_RECALL_KS = (1, 5, 10, 20)
 MAX_BLOCK_LENGTH = 288  # wordpieces per block (Google) = tokenization.corpus.MAX_BLOCK_LENGTH
 INDEX_TYPES = ("exact", "flat", "ivf", "hnsw", "ivfpq", "pq")  # = modeling_realm.index_realm.INDEX_TYPES
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # autocast dtypes of index build (torch.<name>)
+# train ict, pretrain, openqa: examples dropped (trainers/dropped.py)
+WARN_DROPPED_SHARE = 0.5  # the summary line warns when more than half of the examples gave no training signal
+MAX_DROPPED_SHARE = 0.9  # --max-dropped-share: more dropped stops the run (under one example in ten trains)
 # demo
 DEMO_NUM_RETRIEVED = 10  # blocks listed per question = trainers.demo.NUM_RETRIEVED (a file that imports no openrealm)
 
@@ -47,6 +50,28 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer (at least 1), got {value}")
     return value
+
+
+def share(text: str) -> float:
+    """argparse type of a share: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value:g}")
+    return value
+
+
+def max_dropped_share_option(parser: argparse.ArgumentParser, examples: str) -> None:
+    """--max-dropped-share of the training jobs; examples: what the job drops, for the help."""
+    parser.add_argument(
+        "--max-dropped-share",
+        type=share,
+        default=MAX_DROPPED_SHARE,
+        help=f"stop with an error, saving no model, when more than this share of the {examples} gives no training "
+        f"example (default {MAX_DROPPED_SHARE:g}; 1: never); the summary line warns above {WARN_DROPPED_SHARE:g}",
+    )
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +116,21 @@ def corpus_build(parser: argparse.ArgumentParser) -> None:
         "--no-page-filter", action="store_true", help="keep List of/Index of/Outline of/disambiguation pages"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing corpus at --output")
+    deduplicate_option(parser, default=True)
     output_options(parser)
+
+
+def deduplicate_option(parser: argparse.ArgumentParser, default: bool | None) -> None:
+    """--deduplicate / --no-deduplicate of the corpus commands (docs/corpus.md: duplicate blocks)."""
+    parser.add_argument(
+        "--deduplicate",
+        action=argparse.BooleanOptionalAction,
+        default=default,
+        help="drop blocks with the same title and text as an earlier block ("
+        + ("the default" if default else "default: as the corpus was built, else on")
+        + "): REALM pre-training drops every example whose retrieved blocks hold two copies of one; "
+        "--no-deduplicate keeps them (counted in corpus_config.json)",
+    )
 
 
 def corpus_add(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +164,7 @@ def _corpus_edit(parser: argparse.ArgumentParser, command: str) -> None:
         )
         parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass")
         parser.add_argument("--device", default=None, help="where to embed (default cuda if available, else cpu)")
+        deduplicate_option(parser, default=None)
     if command == "remove":
         which = parser.add_mutually_exclusive_group(required=True)
         which.add_argument("--titles", nargs="+", help="remove every block of these article titles (exact match)")
@@ -228,6 +268,7 @@ def train_ict(parser: argparse.ArgumentParser) -> None:
         metavar="REPO_ID",
         help="upload the trained embedder and tokenizer to this Hub repository",
     )
+    max_dropped_share_option(parser, "examples of an epoch (expected)")
     output_options(parser)
 
 
@@ -272,6 +313,7 @@ def train_mlm(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
+    max_dropped_share_option(parser, "blocks of an epoch (expected)")
     output_options(parser)
 
 
@@ -343,6 +385,7 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="upload to REPO-{embedder,encoder,scorer}")
     parser.add_argument("--hub-private", action="store_true", help="create the Hub repos private")
+    max_dropped_share_option(parser, "corpus rows read")
     output_options(parser)
 
 
@@ -379,6 +422,7 @@ def train_openqa(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logging-steps", type=int, default=10, help="log every N steps (default 10)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard (default none)")
+    max_dropped_share_option(parser, "training questions read")
     output_options(parser)
 
 

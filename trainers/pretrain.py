@@ -15,10 +15,15 @@ from the initial embedder into OUTPUT/index (or `--index ROOT` is loaded; it mus
 
 Logged with the loss: retrieval_utility, null_doc_prob, retrieval_entropy (of p(z|x): near 0 means a saturated retrieval
 softmax), top/oracle candidate log-probs (Google §3.6), the examples' counters (trivial retrievals, examples dropped for
-duplicate uids, queries skipped by the masker, their sum num_dropped_examples, and num_skipped_batches: batches left
-with no example, which take a zero-loss step instead of crashing), the batches' index version and the refresh metrics
-(index_version, index_staleness_steps/seconds, refresh_stall_seconds, builds). Salient-span masking refuses to start
-on a corpus where no block has a span (see `salient_span_refusal`).
+duplicate uids, queries skipped by the masker in all and by reason, their sum num_dropped_examples, and
+num_skipped_batches: batches left with no example, which take a zero-loss step instead of crashing), the batches' index
+version and the refresh metrics (index_version, index_staleness_steps/seconds, refresh_stall_seconds, builds).
+
+A run that would train (nearly) nothing does not end "done" (trainers/dropped.py, docs/pretraining.md): it is refused
+before anything is built when the corpus shows it (no block with a salient span, `salient_span_refusal`; more than
+--max-dropped-share of the blocks without one; fewer distinct searchable blocks than --num-candidates,
+`distinct_blocks_refusal`), and otherwise stopped with an error, saving no model, once more than --max-dropped-share of
+the corpus rows read gave no example; above half, the summary line warns with the counts by cause.
 
 OUTPUT at the end: `embedder/` (RealmEmbedder), `encoder/` (RealmKnowledgeAugEncoder), `scorer/` (RealmScorer holding
 the embedder's weights), each with the tokenizer and a model card (README.md, `openrealm.hub_cards`), the tokenizer at
@@ -69,12 +74,19 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
 from openrealm.file_utils import atomic_directory, write_text_atomic
 from openrealm.hub_cards.model_card import realm_model_card
-from openrealm.tokenization.corpus import load_corpus, read_corpus_config
-from openrealm.tokenization.masking import SalientSpanCollator
+from openrealm.tokenization.corpus import (
+    count_duplicate_blocks,
+    duplicates_warning,
+    load_corpus,
+    read_corpus_config,
+    read_removed_block_ids,
+)
+from openrealm.tokenization.masking import SKIP_REASONS, SalientSpanCollator
 from openrealm.trainers.checkpoints import StagedCheckpointTrainer, remove_stale_staging, resolve_resume
+from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
 from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides
 from openrealm.trainers.index_builder import build_index, leave_process_group, load_index
-from openrealm.trainers.options import train_pretrain
+from openrealm.trainers.options import MAX_DROPPED_SHARE, train_pretrain
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.pretraining import (
     CANDIDATE_SEQ_LEN,
@@ -106,9 +118,13 @@ QUERY_EMBEDDER_DIR = "query_embedder"
 CHECKPOINT_FILES = (TRAINER_STATE_NAME, REFRESH_STATE_NAME)  # what a whole pre-training checkpoint holds
 TOWERS = ("embedder", "encoder", "scorer")
 RANK_RECORDS_DIR = "refresh"  # OUTPUT/refresh/rank-R.json: the index versions each process used, by step
-# Logged counters: the examples' (COUNTERS), queries the masker skipped (no usable span...), per-process batches left
-# with no example (a zero-loss step, see RealmPretrainingModel._skipped_batch_output).
-RUN_COUNTERS = (*COUNTERS, "num_skipped_queries", "num_skipped_batches")
+# Logged counters: the examples' (COUNTERS), queries the masker skipped (in all, and by reason), per-process batches
+# left with no example (a zero-loss step, see RealmPretrainingModel._skipped_batch_output).
+SKIPPED_COUNTERS = tuple(f"num_skipped_{reason}" for reason in SKIP_REASONS)
+RUN_COUNTERS = (*COUNTERS, "num_skipped_queries", *SKIPPED_COUNTERS, "num_skipped_batches")
+# The counters of corpus rows that gave no example, by cause.
+DROP_COUNTERS = ("num_dropped_duplicate_uids", *SKIPPED_COUNTERS)
+ROWS_READ = "corpus rows read"  # what the drop messages count
 
 
 def dropped_examples(counts) -> int:
@@ -116,9 +132,40 @@ def dropped_examples(counts) -> int:
     return int(counts["num_skipped_queries"] + counts["num_dropped_duplicate_uids"])
 
 
+def drop_causes(query_seq_len: int) -> dict[str, tuple[str, str]]:
+    """Each DROP_COUNTERS name -> (why a corpus row gave no example, how to fix it), for trainers.dropped."""
+    random_masking = "or pre-train with random masking (`--spans random_span`)"
+    return {
+        "num_dropped_duplicate_uids": (
+            "their retrieved blocks held two copies of one block (the same title and text), and Google's example "
+            "generator drops such an example",
+            "rebuild the corpus with `openrealm corpus build` (without --no-deduplicate), which drops duplicate "
+            "blocks",
+        ),
+        "num_skipped_no_valid_spans": (
+            "their block has no salient span (--spans salient masks salient spans only)",
+            "build the corpus with named entities (`openrealm corpus build ... --spans spacy` or `--spans MODEL`), "
+            + random_masking,
+        ),
+        "num_skipped_span_covers_no_wordpiece": (
+            "their salient span covers no whole wordpiece",
+            "build the corpus with other salient spans (`openrealm corpus build ... --spans`), " + random_masking,
+        ),
+        "num_skipped_mask_out_of_range": (
+            f"the words to mask lie past the first {query_seq_len - 2} wordpieces of their sentence, the query length "
+            "the embedder reads",
+            "use an embedder that reads longer inputs (max_position_embeddings)",
+        ),
+        "num_skipped_no_wordpieces": (
+            "their sentences hold no wordpiece",
+            "remove such blocks from the corpus (`openrealm corpus remove`)",
+        ),
+    }
+
+
 class PretrainingCollator:
     """Corpus rows -> masked queries (SalientSpanCollator) -> REALM examples (RealmPretrainingExamples); adds the
-    masker's skip counts of the batch as `num_skipped`."""
+    masker's skip counts of the batch by reason as `num_skipped`."""
 
     def __init__(self, masker: SalientSpanCollator, examples: RealmPretrainingExamples):
         self.masker, self.examples = masker, examples
@@ -126,7 +173,7 @@ class PretrainingCollator:
     def __call__(self, rows: list[dict]) -> dict:
         queries = self.masker(rows)
         batch = self.examples(queries)
-        batch["num_skipped"] = sum(queries["num_skipped"].values())
+        batch["num_skipped"] = dict(queries["num_skipped"])
         return batch
 
 
@@ -146,6 +193,7 @@ class RealmPretrainingTrainer(StagedCheckpointTrainer):
         towers = {"embedder": RealmEmbedder, "encoder": RealmKnowledgeAugEncoder}
         super().__init__(*args, towers=towers, checkpoint_extras=checkpoint_extras, **kwargs)
         self.refresh = refresh
+        self.guard: DroppedExamplesGuard | None = None  # build_trainer's: stops a run that drops (nearly) everything
         # The model returns a token-mean loss; it takes no num_items_in_batch.
         self.model_accepts_loss_kwargs = False
         self._sums: Counter = Counter()
@@ -181,7 +229,9 @@ class RealmPretrainingTrainer(StagedCheckpointTrainer):
         inputs = dict(inputs)
         extras = {name: inputs.pop(name, None) for name in BATCH_EXTRAS}
         counts = Counter(extras["stats"] or {})
-        counts["num_skipped_queries"] += extras["num_skipped"] or 0
+        for reason, count in (extras["num_skipped"] or {}).items():
+            counts[f"num_skipped_{reason}"] += count
+            counts["num_skipped_queries"] += count
         skipped = not bool((inputs["labels"] != -100).any())
         counts["num_skipped_batches"] += int(skipped)
         self._sums.update(counts)
@@ -398,6 +448,37 @@ def salient_span_refusal(with_spans: int, num_blocks: int, corpus: str | os.Path
     )
 
 
+def distinct_blocks_refusal(num_live: int, num_duplicates: int, num_candidates: int, corpus) -> str | None:
+    """Why pre-training cannot start when the corpus's searchable blocks hold fewer distinct ones (title and text) than
+    the K blocks each query retrieves, or None. Then every retrieved set holds two copies of one block (or the search
+    cannot fill K), and Google's generator drops every such example."""
+    distinct = num_live - num_duplicates
+    if distinct >= num_candidates:
+        return None
+    held = f"{num_live:,} searchable blocks" + (
+        f", of which {num_duplicates:,} duplicate another" if num_duplicates else ""
+    )
+    return (
+        f"--num-candidates {num_candidates} retrieves {num_candidates} blocks per query, but {corpus} holds only "
+        f"{distinct:,} distinct ones ({held}): every query would be dropped. Lower --num-candidates (at least 2), or "
+        "use a larger corpus (`openrealm corpus build` drops duplicate blocks unless --no-deduplicate)"
+    )
+
+
+def run_drops(totals) -> tuple[int, dict[str, int]]:
+    """(corpus rows read, those that gave no example by cause) of a run's totals (run_totals)."""
+    return totals["num_examples"] + dropped_examples(totals), {name: totals[name] for name in DROP_COUNTERS}
+
+
+def refuse(state, message: str) -> int:
+    """End a run that every process found it cannot do: the processes leave their group, then the main one raises
+    ValueError(message) (the CLI prints `openrealm: error: MESSAGE` and exits 2) and the others return 2."""
+    leave_process_group(state)
+    if state.is_main_process:
+        raise ValueError(message)
+    return 2
+
+
 def build_trainer(
     args: argparse.Namespace,
     embedder,
@@ -468,14 +549,21 @@ def build_trainer(
         disable_tqdm=args.quiet,
     )
     model = RealmPretrainingModel(embedder, encoder, embedding_dropout=args.embedding_dropout)
+    guard = DroppedExamplesGuard(  # run_totals is a collective: every rank checks at the same logging steps
+        lambda: run_drops(trainer.run_totals()),
+        drop_causes(query_seq_len),
+        getattr(args, "max_dropped_share", MAX_DROPPED_SHARE),
+        ROWS_READ,
+    )
     trainer = RealmPretrainingTrainer(
         model=model,
         args=training_args,
         train_dataset=blocks,
         data_collator=PretrainingCollator(masker, examples),
-        callbacks=[refresh, *(callbacks or ())],
+        callbacks=[refresh, guard, *(callbacks or ())],
         refresh=refresh,
     )
+    trainer.guard = guard
     if args.index:  # version 0 in use lives in --index, not in index_root
         refresh.index_in_use_root = Path(args.index).absolute()
     trainer.checkpoint_extras = checkpoint_extras(trainer, tokenizer)
@@ -535,19 +623,29 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     world = state.num_processes
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
     blocks = load_corpus(args.corpus)  # memory-mapped Arrow: the ranks share its pages
-    if args.spans == "salient":  # before any model is loaded or index built; every rank decides alike
+    # Before any model is loaded or index built, every rank deciding alike: runs that would drop (nearly) everything.
+    max_share = getattr(args, "max_dropped_share", MAX_DROPPED_SHARE)
+    if args.spans == "salient":
         with_spans = count_blocks_with_spans(blocks)
         refusal = salient_span_refusal(with_spans, len(blocks), args.corpus)
+        if refusal is None:  # the rows without a span are dropped whatever is retrieved
+            without = {"num_skipped_no_valid_spans": len(blocks) - with_spans}
+            refusal, _ = check_dropped(len(blocks), without, drop_causes(QUERY_SEQ_LEN), max_share, "corpus rows")
         if refusal is not None:
-            if state.is_main_process:
-                print(f"openrealm train pretrain: {refusal}", file=sys.stderr)
-            leave_process_group(state)
-            return 2
+            return refuse(state, refusal)
         if with_spans < len(blocks) and state.is_main_process:
             print(
                 f"REALM pre-training: {with_spans:,} of {len(blocks):,} blocks have a salient span; the queries of "
-                "the others are dropped (num_skipped_queries in the logs)"
+                "the others are dropped (num_skipped_no_valid_spans in the logs)"
             )
+    removed = read_removed_block_ids(args.corpus)
+    num_duplicates = count_duplicate_blocks(blocks.with_format("arrow")["uid"], removed)
+    refusal = distinct_blocks_refusal(len(blocks) - len(removed), num_duplicates, args.num_candidates, args.corpus)
+    if refusal is not None:
+        return refuse(state, refusal)
+    if num_duplicates and state.is_main_process:
+        warning = duplicates_warning(num_duplicates, len(blocks) - len(removed))
+        print(f"REALM pre-training: warning: {warning} (num_dropped_duplicate_uids in the logs)", file=sys.stderr)
     overrides = parse_config_overrides(args.config_overrides)
     embedder = load_embedder(args.embedder, tokenizer, overrides, args.seed, "--embedder")
     encoder = load_encoder(args.encoder, tokenizer, overrides, args.seed, "--encoder")
@@ -574,6 +672,10 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     final = trainer.pretraining_metrics()
     totals = trainer.run_totals()  # a collective: before the ranks part
     write_rank_record(trainer, args.output)
+    refusal, warning = check_dropped(*run_drops(totals), drop_causes(args.query_seq_len), max_share, ROWS_READ)
+    refusal = trainer.guard.final_refusal("REALM pre-training", args.max_steps, refusal)
+    if refusal is not None:
+        return refuse(state, refusal)
     state.wait_for_everyone()
     if state.is_main_process:
         summary = {
@@ -604,7 +706,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
         save_models(trainer.accelerator.unwrap_model(trainer.model), tokenizer, args.output, summary)
         print(
             f"REALM pre-training: saved embedder/, encoder/ and scorer/ to {args.output} "
-            f"(train loss {result.training_loss:.4f})"
+            f"(train loss {result.training_loss:.4f})" + (f"; warning: {warning}" if warning else "")
         )
         if getattr(args, "push_to_hub", None):
             pushed = push_to_hub(args.output, args.push_to_hub, private=args.hub_private)
