@@ -9,7 +9,7 @@ import os
 import re
 
 import pytest
-from conftest import fixture_folder, make_openqa_model
+from conftest import fixture_folder, make_openqa_model, tiny_config_kwargs
 
 from openrealm import RealmTokenizer
 from openrealm.tokenization import corpus
@@ -489,3 +489,64 @@ def test_evaluate_refuses_an_output_that_is_a_folder_before_anything_runs(tmp_pa
     assert main(evaluate_argv(tmp_path, "--output", str(tmp_path / "results"))) == 2
     assert one_error_line(capsys).endswith("results is a folder; give the results JSON file to write")
     assert os.listdir(tmp_path / "results") == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model folders: config.json
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def write_config(folder, **fields) -> str:
+    """A model folder holding only config.json: the tiny REALM config with `fields` replaced."""
+    folder.mkdir()
+    config = {**tiny_config_kwargs(), "model_type": "realm", "architectures": ["RealmForOpenQA"], **fields}
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"hidden_size": "32"}, "Field 'hidden_size' expected int, got str (value: '32')"),
+        ({"reader_beam_size": 0}, "field 'reader_beam_size' must be at least 1, got 0"),
+        ({"num_attention_heads": 0}, "field 'num_attention_heads' must be at least 1, got 0"),
+        ({"hidden_dropout_prob": 1.5}, "field 'hidden_dropout_prob' must be a probability from 0 to 1, got 1.5"),
+        ({"hidden_act": "nope"}, "field 'hidden_act' names no activation function: 'nope'"),
+        ({"pad_token_id": 158}, "field 'pad_token_id' must be an id of the vocabulary (0 to 157), got 158"),
+        ({"architectures": "RealmForOpenQA"}, "field 'architectures' must be a list of class names"),
+    ],
+    ids=["wrong-type", "beam-0", "heads-0", "dropout", "activation", "pad-id", "architectures"],
+)
+def test_convert_of_a_config_json_with_a_bad_field_exits_2_naming_file_and_field(tmp_path, capsys, fields, problem):
+    source = write_config(tmp_path / "src", **fields)
+    assert main(["convert", source, str(tmp_path / "out")]) == 2
+    assert one_error_line(capsys).startswith(f"openrealm: error: {source}/config.json: {problem}")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_ask_with_a_config_field_of_the_wrong_type_exits_2_naming_file_and_field(tmp_path, capsys):
+    model = write_config(tmp_path / "model", vocab_size=158.0)
+    assert main(["ask", "--model", model, "where is paris ?"]) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {model}/config.json: Field 'vocab_size' expected int, got float (value: 158.0)"
+    )
+
+
+def test_invalid_json_in_config_json_exits_2_naming_file_line_and_column(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{\n  "model_type": "realm",\n}\n', encoding="utf-8")
+    argv = evaluate_argv(tmp_path, "--output", str(tmp_path / "r.json"))
+    assert main(argv) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {tmp_path / 'model' / 'config.json'}: invalid JSON: Expecting property name enclosed in "
+        "double quotes (line 3, column 1)"
+    )
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_realm_config_from_pretrained_names_the_file_and_the_field(tmp_path):
+    from openrealm import RealmConfig
+
+    folder = write_config(tmp_path / "model", max_span_width=-1)
+    with pytest.raises(ValueError, match=r"model/config\.json: field 'max_span_width' must be at least 1, got -1$"):
+        RealmConfig.from_pretrained(folder)

@@ -23,6 +23,7 @@ from transformers import AutoConfig, set_seed
 from transformers.utils import logging
 
 from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
+from openrealm.configuration_realm import CONFIG_NAME, check_config_file
 from openrealm.file_utils import atomic_directory
 from openrealm.modeling_realm import BERT_CONFIG_FIELDS, expected_load_changes, kept_beside_model
 
@@ -60,11 +61,15 @@ def looks_like_local_path(name: str) -> bool:
 
 def check_model_folder(name: str, flag: str = "--model") -> None:
     """FileNotFoundError "no such folder" for a model named by a local path that does not exist (transformers would
-    call it a malformed Hub repo id); NotADirectoryError for a file. A Hub id (`name`, `owner/name`) passes."""
+    call it a malformed Hub repo id); NotADirectoryError for a file; a ValueError naming the file and the line or
+    field for a config.json that no model can be built from (check_config_file). A Hub id (`name`, `owner/name`)
+    passes."""
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
             raise NotADirectoryError(f"{flag} {name}: not a folder")
+        if (path / CONFIG_NAME).is_file():
+            check_config_file(path / CONFIG_NAME)
         return
     if looks_like_local_path(name):
         raise FileNotFoundError(f"{flag} {name}: no such folder")
