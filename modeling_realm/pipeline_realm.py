@@ -18,7 +18,7 @@ import torch
 from transformers import Pipeline
 from transformers.utils import logging
 
-from .modeling_realm import span_candidates
+from .modeling_realm import check_tokenizer_fits, span_candidates
 
 logger = logging.get_logger(__name__)
 
@@ -54,6 +54,10 @@ class RealmQuestionAnsweringPipeline(Pipeline):
     _load_image_processor = False
     _load_feature_extractor = False
     _load_tokenizer = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_tokenizer_fits(self.tokenizer, self.model.config.vocab_size, self.model.name_or_path or "the model")
 
     def _sanitize_parameters(
         self,

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import shutil
 
 import pytest
 from conftest import fixture_folder, make_openqa_model, tiny_config_kwargs
@@ -550,3 +551,102 @@ def test_realm_config_from_pretrained_names_the_file_and_the_field(tmp_path):
     folder = write_config(tmp_path / "model", max_span_width=-1)
     with pytest.raises(ValueError, match=r"model/config\.json: field 'max_span_width' must be at least 1, got -1$"):
         RealmConfig.from_pretrained(folder)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model folders: tokenizer, weights, and what pipeline() reports
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """A saved tiny RealmForOpenQA folder (weights, tokenizer, corpus, index); tests change copies of it."""
+    folder = tmp_path_factory.mktemp("saved") / "model"
+    make_openqa_model(seed=0).save_pretrained(folder)
+    return folder
+
+
+def model_copy(saved_model, tmp_path) -> str:
+    return str(shutil.copytree(saved_model, tmp_path / "model"))
+
+
+def edit_config(folder: str, **fields) -> None:
+    path = os.path.join(folder, "config.json")
+    config = json.loads(open(path, encoding="utf-8").read())
+    config.update(fields)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+
+def test_ask_with_a_tokenizer_larger_than_the_vocabulary_exits_2_before_any_question(saved_model, tmp_path, capsys):
+    model = model_copy(saved_model, tmp_path)
+    tokenizer = RealmTokenizer.from_pretrained(model)
+    tokenizer.add_tokens(["zzzone", "zzztwo"])
+    tokenizer.save_pretrained(model)
+    assert main(["ask", "--model", model, "zzzone where is paris ?"]) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {model}: the tokenizer has 160 tokens but config.json's vocab_size is 158, so ids from "
+        "158 on have no embedding: use the tokenizer the model was trained with"
+    )
+
+
+def test_the_pipeline_refuses_a_tokenizer_larger_than_the_vocabulary(saved_model):
+    from transformers import pipeline
+
+    tokenizer = RealmTokenizer.from_pretrained(saved_model)
+    tokenizer.add_tokens(["zzzone"])
+    with pytest.raises(ValueError, match=r"the tokenizer has 159 tokens but config\.json's vocab_size is 158"):
+        pipeline("question-answering", model=str(saved_model), tokenizer=tokenizer)
+
+
+def test_a_load_failure_inside_pipeline_is_one_line_without_load_table_or_traceback(saved_model, tmp_path, capsys):
+    model = model_copy(saved_model, tmp_path)
+    edit_config(model, vocab_size=100)  # a valid config that contradicts the weights
+    assert main(["ask", "--model", model, "where is paris ?"]) == 2
+    err = capsys.readouterr().err
+    assert "LOAD REPORT" not in err and "Traceback" not in err
+    assert err.startswith(f"openrealm: error: The config of {model} contradicts its weights (")
+    assert err.endswith("to re-initialise the mismatched weights.\n") and err.count("\n") == 1
+
+
+def test_a_message_longer_than_the_limit_is_cut_and_says_how_to_see_it_whole(tmp_path, capsys, monkeypatch):
+    def failing(*args, **kwargs):
+        raise ValueError("x" * 5000)
+
+    monkeypatch.setattr("openrealm.convert_legacy_folder", failing)
+    (tmp_path / "src").mkdir()
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
+    line = one_error_line(capsys)
+    assert line == "openrealm: error: " + "x" * 599 + "… (OPENREALM_DEBUG=1 prints it whole)"
+
+
+@pytest.fixture()
+def pickled_4x_folder(tmp_path):
+    """The 4.x open-QA fixture whose pytorch_model.bin also pickles an argparse.Namespace (training arguments)."""
+    import argparse as argparse_module
+
+    import torch
+
+    folder = shutil.copytree(fixture_folder("openqa", "hub"), tmp_path / "legacy")
+    weights = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    torch.save({**weights, "args": argparse_module.Namespace(lr=1.0)}, folder / "pytorch_model.bin")
+    return folder
+
+
+@pytest.mark.parametrize("command", ["convert", "ask"])
+def test_a_4x_pickle_refused_by_weights_only_exits_2_without_suggesting_to_unpickle_it(
+    pickled_4x_folder, tmp_path, capsys, command
+):
+    argv = {
+        "convert": ["convert", str(pickled_4x_folder), str(tmp_path / "out")],
+        "ask": ["ask", "--model", str(pickled_4x_folder), "where is paris ?"],
+    }[command]
+    assert main(argv) == 2
+    line = one_error_line(capsys)
+    assert line == (
+        f"openrealm: error: {pickled_4x_folder / 'pytorch_model.bin'} is a pickle holding objects besides tensors "
+        "(argparse.Namespace), which OpenREALM does not load. If you trust the file, save its tensors as "
+        "model.safetensors (docs/migrating.md), then openrealm convert the folder"
+    )
+    assert "weights_only" not in line
+    assert sorted(os.listdir(tmp_path)) == ["legacy"]
