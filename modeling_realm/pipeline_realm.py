@@ -42,6 +42,13 @@ def question_text(number: int, question) -> str:
             ) from None
     if not isinstance(question, str):
         raise ValueError(f"question {number} must be a str (or UTF-8 bytes), got {type(question).__name__}.")
+    try:
+        question.encode("utf-8")
+    except UnicodeEncodeError as error:  # e.g. bytes that were not UTF-8, read with errors="surrogateescape"
+        raise ValueError(
+            f"question {number} is not text: it holds the lone surrogate U+{ord(question[error.start]):04X} at "
+            f"character {error.start} (bytes that were not UTF-8?)."
+        ) from None
     if not question.strip():
         raise ValueError(f"question {number} is empty or whitespace ({question!r}): give a non-empty string.")
     return question

@@ -4,6 +4,7 @@ what a build wrote; `openrealm evaluate` refuses bad flags before running; the C
 
 import argparse
 import errno
+import io
 import json
 import os
 import re
@@ -650,3 +651,38 @@ def test_a_4x_pickle_refused_by_weights_only_exits_2_without_suggesting_to_unpic
     )
     assert "weights_only" not in line
     assert sorted(os.listdir(tmp_path)) == ["legacy"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Questions that are not UTF-8 text
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_ask_names_the_stdin_line_that_is_not_utf8(tmp_path, capsys, monkeypatch):
+    (tmp_path / "model").mkdir()  # refused before the model is loaded
+    stdin = io.TextIOWrapper(io.BytesIO(b"where is paris ?\n\nwhere is \xff paris ?\n"), encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["ask", "--model", str(tmp_path / "model")]) == 2
+    assert one_error_line(capsys) == "openrealm: error: stdin, line 3: not UTF-8 text (invalid start byte at byte 9)"
+
+
+def test_ask_refuses_a_question_argument_holding_undecodable_bytes(saved_model, capsys):
+    question = b"where is \xff paris ?".decode("utf-8", "surrogateescape")  # how Python passes such an argv
+    assert main(["ask", "--model", str(saved_model), question]) == 2
+    assert one_error_line(capsys) == (
+        "openrealm: error: question 0 is not text: it holds the lone surrogate U+DCFF at character 9 (bytes that "
+        "were not UTF-8?)."
+    )
+
+
+def test_evaluate_names_a_dataset_line_whose_json_escapes_half_a_surrogate_pair(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    dataset = write_lines(tmp_path / "qa.jsonl", '{"question": "where is \\ud83d\\ude00 ?", "answers": ["a"]}')
+    with open(dataset, "a", encoding="utf-8") as f:
+        f.write('{"question": "where is \\udcff ?", "answers": ["a"]}\n')
+    argv = ["evaluate", "--model", str(tmp_path / "model"), "--dataset", dataset, "--output", str(tmp_path / "r.json")]
+    assert main(argv) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {dataset}, line 2: \\udcff escapes half of a UTF-16 surrogate pair, not text"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["model", "qa.jsonl"]

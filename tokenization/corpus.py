@@ -391,6 +391,10 @@ def json_type(value) -> str:
     return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
+# A JSON escape of half a surrogate pair ("\\ud800" to "\\udfff"); a whole pair decodes to one character.
+LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
 class JsonlError(ValueError):
     """A bad line of a JSONL file: the message is `PATH, line N: PROBLEM` (N 1-based, as editors count)."""
 
@@ -408,11 +412,7 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     Raises JsonlError naming the file and the line for a line that is not UTF-8, not valid JSON (with the parser's
     message) or not a JSON object; FileNotFoundError / IsADirectoryError when the path is no file."""
     with open(path, "rb") as file:
-        for number, raw in enumerate(file, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as error:
-                raise JsonlError(path, number, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
+        for number, line in iter_lines(file, path):
             if not line.strip():
                 continue
             try:
@@ -421,7 +421,31 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
                 raise JsonlError(path, number, f"invalid JSON: {error.msg} (column {error.colno})") from None
             if not isinstance(row, dict):
                 raise JsonlError(path, number, f"expected a JSON object, got {json_type(row)}")
+            if LONE_SURROGATE_ESCAPE.search(line):  # "\udcff" alone decodes to a str that is not text
+                try:
+                    json.dumps(row, ensure_ascii=False).encode("utf-8")
+                except UnicodeEncodeError as error:
+                    problem = (
+                        f"\\u{ord(error.object[error.start]):04x} escapes half of a UTF-16 surrogate pair, not text"
+                    )
+                    raise JsonlError(path, number, problem) from None
             yield number, row
+
+
+def iter_lines(lines: Iterable[bytes | str], path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a file (bytes, read as UTF-8; a byte-order mark opening the first line is
+    dropped) or of a text stream; numbers are 1-based. A line that is not UTF-8 text (for a text stream: one holding
+    undecodable bytes as surrogates) is a JsonlError naming `path` and the line."""
+    for number, raw in enumerate(lines, start=1):
+        try:
+            if isinstance(raw, bytes):
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            else:
+                raw.encode("utf-8")
+                line = raw
+        except UnicodeError as error:
+            raise JsonlError(path, number, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
+        yield number, line
 
 
 def jsonl_string(row: Mapping, field: str, path, line: int) -> str:

@@ -185,7 +185,10 @@ def run_convert(args: argparse.Namespace) -> int:
 def run_ask(args: argparse.Namespace) -> int:
     from transformers import pipeline
 
-    questions = args.question or [line.strip() for line in sys.stdin if line.strip()]
+    from openrealm.tokenization.corpus import iter_lines
+
+    stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes where it can: a line that is not UTF-8 is named
+    questions = args.question or [line.strip() for _, line in iter_lines(stdin, "stdin") if line.strip()]
     if not questions:
         print("openrealm ask: no question given (pass one, or pipe them on stdin).", file=sys.stderr)
         return 2
