@@ -686,3 +686,45 @@ def test_evaluate_names_a_dataset_line_whose_json_escapes_half_a_surrogate_pair(
         f"openrealm: error: {dataset}, line 2: \\udcff escapes half of a UTF-16 surrogate pair, not text"
     )
     assert sorted(os.listdir(tmp_path)) == ["model", "qa.jsonl"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Corpus blocks: wordpiece ids
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def corpus_with_id(tmp_path, column: str, block: int, value: int) -> str:
+    """A corpus of three articles (the fixture tokenizer: 158 wordpieces) whose `column` of `block` starts with
+    `value`, as a hand edit of the Arrow file would leave it."""
+    from conftest import fixture_tokenizer
+    from datasets import load_from_disk
+
+    articles = [{"title": name, "text": f"{name} is a city."} for name in ("paris", "london", "nile")]
+    source = write_lines(tmp_path / "a.jsonl", *map(json.dumps, articles))
+    folder = tmp_path / "corpus"
+    build_corpus(source, folder, fixture_tokenizer(), progress=False)
+    blocks = load_from_disk(str(folder / "blocks"))
+    edited = blocks.map(lambda row, i: {column: [value, *row[column][1:]] if i == block else row[column]}, with_indices=True)  # fmt: skip
+    edited.save_to_disk(str(tmp_path / "edited"))
+    shutil.rmtree(folder / "blocks")
+    os.rename(tmp_path / "edited", folder / "blocks")
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "allowed"),
+    [("token_ids", -5, "0 to 157, the vocabulary of"), ("title_ids", 158, "0 to 157, the vocabulary of")],
+    ids=["negative", "beyond-the-vocabulary"],
+)
+def test_index_build_names_the_block_holding_a_wordpiece_id_outside_the_vocabulary(
+    tmp_path, capsys, column, value, allowed
+):
+    corpus_dir = corpus_with_id(tmp_path, column, 1, value)
+    embedder = str(fixture_folder("embedder", "safetensors"))
+    argv = ["index", "build", "--embedder", embedder, "--corpus", corpus_dir, "--output", str(tmp_path / "index")]
+    assert main(argv) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {corpus_dir}/blocks: block 1 holds wordpiece id {value} in {column}, outside {allowed} "
+        f"{corpus_dir}/tokenizer.json: the blocks were changed after corpus build"
+    )
+    assert not (tmp_path / "index").exists()

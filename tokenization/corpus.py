@@ -804,7 +804,56 @@ def load_corpus(directory: str | os.PathLike):
     records = BlockRecords.open(records_path)
     if len(records) != len(blocks):
         raise ValueError(f"{records_path} holds {len(records)} blocks but {blocks_dir} holds {len(blocks)}")
+    check_token_ids(blocks, blocks_dir, os.path.join(directory, "tokenizer.json"))
     return blocks
+
+
+TOKEN_ID_COLUMNS = ("title_ids", "token_ids")
+
+
+def token_id_range(blocks) -> tuple[int, int] | None:
+    """(smallest, largest) wordpiece id of the blocks' title_ids and token_ids: min/max over the memory-mapped Arrow
+    columns, no Python loop. None when the blocks hold no ids."""
+    import pyarrow.compute as pc
+
+    table = blocks.data.table if hasattr(blocks, "data") else blocks
+    ranges = [pc.min_max(pc.list_flatten(table.column(column))) for column in TOKEN_ID_COLUMNS]
+    ranges = [(bounds["min"].as_py(), bounds["max"].as_py()) for bounds in ranges]
+    ranges = [bounds for bounds in ranges if bounds[0] is not None]
+    return (min(low for low, _ in ranges), max(high for _, high in ranges)) if ranges else None
+
+
+def check_token_ids(blocks, blocks_dir: str, tokenizer_file: str) -> None:
+    """Every wordpiece id of the blocks is at least 0 and, where the corpus has its tokenizer.json, an id of that
+    vocabulary: a ValueError naming the block otherwise (the blocks were changed by hand or by another tool), rather
+    than an IndexError inside a model."""
+    import pyarrow.compute as pc
+
+    id_range = token_id_range(blocks)
+    vocab_size = None
+    if os.path.isfile(tokenizer_file):
+        from tokenizers import Tokenizer
+
+        vocab_size = Tokenizer.from_file(tokenizer_file).get_vocab_size(with_added_tokens=True)
+    if id_range is None or (id_range[0] >= 0 and (vocab_size is None or id_range[1] < vocab_size)):
+        return
+    table = blocks.data.table if hasattr(blocks, "data") else blocks
+    for column in TOKEN_ID_COLUMNS:
+        ids = table.column(column)
+        flat = pc.list_flatten(ids)
+        outside = (
+            pc.less(flat, 0) if vocab_size is None else pc.or_(pc.less(flat, 0), pc.greater_equal(flat, vocab_size))
+        )
+        position = pc.index(outside, True).as_py()
+        if position >= 0:
+            block = pc.list_parent_indices(ids)[position].as_py()
+            allowed = (
+                "0 or more" if vocab_size is None else f"0 to {vocab_size - 1}, the vocabulary of {tokenizer_file}"
+            )
+            raise ValueError(
+                f"{blocks_dir}: block {block} holds wordpiece id {flat[position].as_py()} in {column}, outside "
+                f"{allowed}: the blocks were changed after corpus build"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------------------

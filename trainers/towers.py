@@ -226,15 +226,12 @@ def check_same_architecture(embedder: torch.nn.Module, encoder: torch.nn.Module)
 
 def check_corpus_ids(blocks, model: torch.nn.Module, corpus_dir: str | os.PathLike, name: str) -> None:
     """Every wordpiece id of the corpus blocks is a row of the model's embedding table (the same vocabulary)."""
-    import pyarrow.compute as pc
+    from openrealm.tokenization.corpus import token_id_range
 
-    table = blocks.data.table if hasattr(blocks, "data") else blocks
-    largest = max(
-        (pc.max(pc.list_flatten(table.column(column))).as_py() or 0) for column in ("title_ids", "token_ids")
-    )
-    if largest >= model.config.vocab_size:
+    id_range = token_id_range(blocks)
+    if id_range is not None and id_range[1] >= model.config.vocab_size:
         raise ValueError(
-            f"corpus {corpus_dir} holds wordpiece id {largest} but {name} has a vocabulary of "
+            f"corpus {corpus_dir} holds wordpiece id {id_range[1]} but {name} has a vocabulary of "
             f"{model.config.vocab_size}: the corpus was tokenized with another vocabulary"
         )
 
