@@ -728,3 +728,37 @@ def test_index_build_names_the_block_holding_a_wordpiece_id_outside_the_vocabula
         f"{corpus_dir}/tokenizer.json: the blocks were changed after corpus build"
     )
     assert not (tmp_path / "index").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A full disk while weights are written
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def full_disk_in_safetensors(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("writer", [full_disk, full_disk_in_safetensors], ids=["oserror", "safetensors-error"])
+def test_a_full_disk_while_convert_writes_the_weights_names_the_destination_and_leaves_nothing(
+    tmp_path, capsys, monkeypatch, writer
+):
+    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", writer)
+    destination = tmp_path / "new" / "converted"
+    assert main(["convert", str(fixture_folder("openqa", "hub")), str(destination)]) == 1
+    assert one_error_line(capsys) == (
+        f"openrealm: error: No space left on the device holding {destination} while writing it (No space left on "
+        "device); nothing was written: free some space or choose another output"
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_full_disk_while_a_results_file_is_written_names_the_file(tmp_path, monkeypatch):
+    from openrealm.file_utils import FullDiskError, write_text_atomic
+
+    monkeypatch.setattr("os.fsync", full_disk)
+    with pytest.raises(FullDiskError, match=r"No space left on the device holding .*r\.json while writing it"):
+        write_text_atomic(tmp_path / "r.json", "{}")
+    assert os.listdir(tmp_path) == []

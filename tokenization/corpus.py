@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import errno
 import hashlib
 import html
 import inspect
@@ -43,7 +42,7 @@ import numpy as np
 import torch
 
 from openrealm.block_records import BlockRecords
-from openrealm.file_utils import atomic_directory, check_replaceable
+from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
 
 CORPUS_FORMAT = "openrealm.corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -637,13 +636,10 @@ def build_corpus(
                 json.dump(config, f, indent=2, ensure_ascii=False)
                 f.write("\n")
             del saved
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # datasets' errors would otherwise point at the input file
-            raise OSError(
-                error.errno,
-                f"No space left on the device holding {output_dir} while building the corpus ({error.strerror}); "
-                "nothing was written: free some space or choose another output",
-            ) from error
+    except OSError as error:  # a full disk names output_dir, not the input file datasets was reading
+        full = full_disk_error(error, output_dir)
+        if full is not None:
+            raise full from error
         raise
     return load_corpus(output_dir)
 
