@@ -2,7 +2,6 @@
 reported as FILE, line N (1-based) with what is wrong and leaves nothing behind; `corpus build --overwrite` deletes only
 what a build wrote; `openrealm evaluate` refuses bad flags before running; the CLI prints one line, not a traceback."""
 
-import argparse
 import errno
 import io
 import json
@@ -16,7 +15,6 @@ from conftest import fixture_folder, make_openqa_model, tiny_config_kwargs
 from openrealm import RealmTokenizer
 from openrealm.tokenization import corpus
 from openrealm.tokenization.corpus import JsonlError, build_corpus, iter_jsonl, load_corpus
-from openrealm.trainers import options
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
 from openrealm.trainers.openqa import read_gold_passages
@@ -139,19 +137,52 @@ def test_corpus_input_of_only_blank_lines_is_refused(tmp_path, tokenizer):
     assert os.listdir(tmp_path) == ["a.jsonl"]
 
 
-def corpus_cli(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    options.corpus_build(parser)
-    return parser.parse_args([*argv, "--spans", "none"])
+def corpus_build_argv(*argv: str) -> list[str]:
+    return ["corpus", "build", *argv, "--spans", "none"]
 
 
 def test_corpus_cli_bad_line_exits_2_naming_the_line(tmp_path, tokenizer, capsys):
     tokenizer.save_pretrained(tmp_path / "tok")
     source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE), '{"title": "x", "text": 3}')
-    args = corpus_cli("--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok"))
-    assert corpus.run(args) == 2
-    assert "a.jsonl, line 2: field 'text' must be a string, got a number" in capsys.readouterr().err
+    argv = corpus_build_argv(
+        "--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok")
+    )
+    assert main(argv) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {source}, line 2: field 'text' must be a string, got a number"
+    )
     assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "tok"]
+
+
+def test_corpus_build_with_a_missing_tokenizer_folder_exits_2_naming_it(tmp_path, capsys):
+    source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
+    argv = corpus_build_argv("--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "t"))
+    assert main(argv) == 2
+    assert one_error_line(capsys) == f"openrealm: error: --tokenizer {tmp_path / 't'}: no such folder"
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl"]
+
+
+def test_a_full_disk_during_corpus_build_exits_1_with_one_error_line(tmp_path, tokenizer, capsys, monkeypatch):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
+    monkeypatch.setattr(corpus, "_write_block_records", full_disk)
+    argv = corpus_build_argv(
+        "--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok")
+    )
+    assert main(argv) == 1
+    assert one_error_line(capsys).startswith(
+        f"openrealm: error: No space left on the device holding {tmp_path / 'out'}"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "tok"]
+
+
+def test_ask_without_a_question_exits_2_with_one_error_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "model").mkdir()
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n  \n"))
+    assert main(["ask", "--model", str(tmp_path / "model")]) == 2
+    assert one_error_line(capsys) == (
+        "openrealm: error: no question given: pass one, or pipe them on stdin, one per line"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -205,9 +236,9 @@ def test_cli_overwrite_with_the_input_inside_the_output_exits_2(tmp_path, tokeni
     tokenizer.save_pretrained(tmp_path / "tok")
     build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "out", tokenizer)
     inside = write_lines(tmp_path / "out" / "in.jsonl", json.dumps(ARTICLE))
-    args = corpus_cli("--input", inside, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok"), "--overwrite")  # fmt: skip
-    assert corpus.run(args) == 2
-    assert "in.jsonl lies inside" in capsys.readouterr().err
+    argv = corpus_build_argv("--input", inside, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok"), "--overwrite")  # fmt: skip
+    assert main(argv) == 2
+    assert "in.jsonl lies inside" in one_error_line(capsys)
     assert (tmp_path / "out" / "in.jsonl").is_file()
 
 

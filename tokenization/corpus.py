@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -912,22 +911,18 @@ def run(args: argparse.Namespace) -> int:
         from openrealm.tokenization.salient_spans import make_span_annotator
 
         span_annotator = make_span_annotator(args.spans)  # picklable; loads its model lazily in each process
-    try:
-        blocks = build_corpus(
-            args.input if len(args.input) > 1 else args.input[0],
-            args.output,
-            args.tokenizer,
-            max_block_length=args.max_block_length,
-            num_proc=args.num_proc,
-            span_annotator=span_annotator,
-            batch_size=args.batch_size,
-            overwrite=args.overwrite,
-            page_filter=not args.no_page_filter,
-            progress=not args.quiet,
-        )
-    except (OSError, ValueError) as error:  # bad input or output: a message, not a traceback
-        print(f"openrealm corpus build: {error}", file=sys.stderr)
-        return 2
+    blocks = build_corpus(  # errors: one line and the exit status from the command line (trainers/cli.py)
+        args.input if len(args.input) > 1 else args.input[0],
+        args.output,
+        args.tokenizer,
+        max_block_length=args.max_block_length,
+        num_proc=args.num_proc,
+        span_annotator=span_annotator,
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
+        page_filter=not args.no_page_filter,
+        progress=not args.quiet,
+    )
     config = read_corpus_config(args.output)
     print(f"Wrote {len(blocks)} blocks from {config['num_articles']} articles to {os.path.abspath(args.output)}")
     return 0

@@ -190,8 +190,7 @@ def run_ask(args: argparse.Namespace) -> int:
     stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes where it can: a line that is not UTF-8 is named
     questions = args.question or [line.strip() for _, line in iter_lines(stdin, "stdin") if line.strip()]
     if not questions:
-        print("openrealm ask: no question given (pass one, or pipe them on stdin).", file=sys.stderr)
-        return 2
+        raise ValueError("no question given: pass one, or pipe them on stdin, one per line")
     qa = pipeline("question-answering", model=args.model)
     results = qa(questions, top_k=args.top_k, num_blocks=args.num_blocks)
     for question, answers in zip(questions, results):
@@ -219,7 +218,14 @@ BAD_INPUT_ERRORS = (
     PermissionError,
 )
 # Arguments naming a model folder or Hub repo id: a local path that does not exist is reported as such.
-MODEL_ARGUMENTS = (("model", "--model"), ("source", "SOURCE"), ("embedder", "--embedder"), ("encoder", "--encoder"))
+MODEL_ARGUMENTS = (
+    ("model", "--model"),
+    ("source", "SOURCE"),
+    ("embedder", "--embedder"),
+    ("encoder", "--encoder"),
+    ("init", "--init"),
+    ("tokenizer", "--tokenizer"),
+)
 # The most characters of a message printed; OPENREALM_DEBUG=1 shows the whole of it.
 MESSAGE_LIMIT = 600
 # The last line of a Python traceback: the exception's class and message ("ValueError: ...").

@@ -602,7 +602,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     try:  # before any index is built
         check_refresh_settings(args.refresh_mode, args.refresh_every, lag)
     except ValueError as error:
-        print(f"openrealm train pretrain: {error} (--refresh-mode, --refresh-every, --refresh-lag)", file=sys.stderr)
+        print(f"openrealm: error: {error} (--refresh-mode, --refresh-every, --refresh-lag)", file=sys.stderr)
         return 2
     state = distributed_state()
     world = state.num_processes
@@ -613,7 +613,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
         refusal = salient_span_refusal(with_spans, len(blocks), args.corpus)
         if refusal is not None:
             if state.is_main_process:
-                print(f"openrealm train pretrain: {refusal}", file=sys.stderr)
+                print(f"openrealm: error: {refusal}", file=sys.stderr)
             leave_process_group(state)
             return 2
         if with_spans < len(blocks) and state.is_main_process:
