@@ -175,24 +175,31 @@ def config_file_path(pretrained_model_name_or_path: str | os.PathLike, subfolder
     return os.path.join(name, subfolder, CONFIG_NAME) if subfolder else os.path.join(name, CONFIG_NAME)
 
 
-def check_config_file(path: str | os.PathLike) -> None:
-    """A ValueError naming `path` (and the line, or the field) unless it is a JSON object and, for a REALM config
-    (model_type "realm"), one a model can be built from. Reads only the file: loaders call it before the weights."""
+def read_json_object(path: str | os.PathLike) -> dict:
+    """The JSON object in the file at `path` (a config, a tokenizer file); a ValueError naming the file and, for
+    invalid JSON, the line and column, when it is not UTF-8, not JSON or not an object."""
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+            value = json.load(f)
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def check_config_file(path: str | os.PathLike) -> None:
+    """A ValueError naming `path` (and the line, or the field) unless it is a JSON object and, for a REALM config
+    (model_type "realm"), one a model can be built from. Reads only the file: loaders call it before the weights."""
+    config = read_json_object(path)
     if config.get("model_type") == RealmConfig.model_type:
         try:
             RealmConfig.from_dict(config)
         except InvalidConfigError as error:
-            raise InvalidConfigError(f"{path}: {error}") from error
+            raise InvalidConfigError(f"{os.fspath(path)}: {error}") from error
 
 
 def check_bert_support(fields: dict) -> None:
@@ -229,4 +236,4 @@ def openrealm_pipeline_registered() -> bool:
     return getattr(impl, "__name__", "") == "RealmQuestionAnsweringPipeline"
 
 
-__all__ = ["InvalidConfigError", "RealmConfig", "check_config_file"]
+__all__ = ["InvalidConfigError", "RealmConfig", "check_config_file", "read_json_object"]

@@ -793,3 +793,17 @@ def test_a_full_disk_while_a_results_file_is_written_names_the_file(tmp_path, mo
     with pytest.raises(FullDiskError, match=r"No space left on the device holding .*r\.json while writing it"):
         write_text_atomic(tmp_path / "r.json", "{}")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_ask_with_a_tokenizer_file_that_is_not_json_exits_2_naming_file_line_and_column(
+    saved_model, tmp_path, capsys, name
+):
+    model = model_copy(saved_model, tmp_path)
+    with open(os.path.join(model, name), "w", encoding="utf-8") as f:
+        f.write('{\n  "version": "1.0",\n  oops\n}\n')
+    assert main(["ask", "--model", model, "where is paris ?"]) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {model}/{name}: invalid JSON: Expecting property name enclosed in double quotes (line 3, "
+        "column 3)"
+    )

@@ -23,7 +23,7 @@ from transformers import AutoConfig, set_seed
 from transformers.utils import logging
 
 from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
-from openrealm.configuration_realm import CONFIG_NAME, check_config_file
+from openrealm.configuration_realm import CONFIG_NAME, check_config_file, read_json_object
 from openrealm.file_utils import atomic_directory
 from openrealm.modeling_realm import BERT_CONFIG_FIELDS, expected_load_changes, kept_beside_model
 
@@ -33,6 +33,8 @@ logger = logging.get_logger(__name__)
 EMBEDDER_INSIDE = {"RealmScorer": "embedder.", "RealmForOpenQA": "embedder.", "IctModel": "embedder."}
 ENCODER_INSIDE = {"RealmForOpenQA": "reader."}
 # Fields of the towers' configs that must agree: RealmForOpenQA holds one config for its embedder and reader.
+# The JSON files of a tokenizer saved beside a model (read by AutoTokenizer, whose errors name no file).
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ARCHITECTURE_FIELDS = tuple(name for name in BERT_CONFIG_FIELDS if not name.endswith("dropout_prob"))
 
 
@@ -62,12 +64,15 @@ def looks_like_local_path(name: str) -> bool:
 def check_model_folder(name: str, flag: str = "--model") -> None:
     """FileNotFoundError "no such folder" for a model named by a local path that does not exist (transformers would
     call it a malformed Hub repo id); NotADirectoryError for a file; a ValueError naming the file and the line or
-    field for a config.json that no model can be built from (check_config_file). A Hub id (`name`, `owner/name`)
-    passes."""
+    field for a tokenizer file that is not a JSON object or a config.json that no model can be built from
+    (check_config_file). A Hub id (`name`, `owner/name`) passes."""
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
             raise NotADirectoryError(f"{flag} {name}: not a folder")
+        for name in TOKENIZER_JSON_FILES:
+            if (path / name).is_file():
+                read_json_object(path / name)
         if (path / CONFIG_NAME).is_file():
             check_config_file(path / CONFIG_NAME)
         return
