@@ -807,3 +807,17 @@ def test_ask_with_a_tokenizer_file_that_is_not_json_exits_2_naming_file_line_and
         f"openrealm: error: {model}/{name}: invalid JSON: Expecting property name enclosed in double quotes (line 3, "
         "column 3)"
     )
+
+
+def test_a_config_override_of_the_wrong_type_exits_2_naming_the_field(tmp_path, capsys):
+    from conftest import fixture_tokenizer
+
+    source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
+    build_corpus(source, tmp_path / "corpus", fixture_tokenizer(), progress=False)
+    argv = ["train", "ict", "--corpus", str(tmp_path / "corpus"), "--init", "random", "--output", str(tmp_path / "o")]
+    assert main([*argv, "--config-overrides", "hidden_size=abc", "--max-steps", "1"]) == 2
+    assert (
+        one_error_line(capsys)
+        == "openrealm: error: RealmConfig: Field 'hidden_size' expected int, got str (value: 'abc')"
+    )
+    assert not (tmp_path / "o").exists()
