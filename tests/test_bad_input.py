@@ -821,3 +821,30 @@ def test_a_config_override_of_the_wrong_type_exits_2_naming_the_field(tmp_path, 
         == "openrealm: error: RealmConfig: Field 'hidden_size' expected int, got str (value: 'abc')"
     )
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag", ["--training-summary", "--eval-results"])
+def test_push_with_a_results_file_that_is_not_json_exits_2_naming_it_before_writing_the_card(
+    saved_model, tmp_path, capsys, flag
+):
+    model = model_copy(saved_model, tmp_path)
+    bad = write_lines(tmp_path / "bad.json", "{", '  "loss": 1,,')
+    assert main(["push", "--model", model, "--repo-id", "someone/realm", flag, bad]) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {bad}: invalid JSON: Expecting property name enclosed in double quotes (line 2, column 13)"
+    )
+    assert not os.path.exists(os.path.join(model, "README.md"))
+
+
+def test_index_build_names_a_damaged_corpus_tokenizer_file(tmp_path, capsys):
+    from conftest import fixture_tokenizer
+
+    build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "corpus", fixture_tokenizer())
+    (tmp_path / "corpus" / "tokenizer.json").write_text("{\n", encoding="utf-8")
+    embedder = str(fixture_folder("embedder", "safetensors"))
+    argv = ["index", "build", "--embedder", embedder, "--corpus", str(tmp_path / "corpus"), "--output", str(tmp_path / "i")]  # fmt: skip
+    assert main(argv) == 2
+    assert one_error_line(capsys).startswith(
+        f"openrealm: error: {tmp_path / 'corpus' / 'tokenizer.json'} is not a tokenizer file: EOF while parsing"
+    )
+    assert not (tmp_path / "i").exists()

@@ -829,7 +829,10 @@ def check_token_ids(blocks, blocks_dir: str, tokenizer_file: str) -> None:
     if os.path.isfile(tokenizer_file):
         from tokenizers import Tokenizer
 
-        vocab_size = Tokenizer.from_file(tokenizer_file).get_vocab_size(with_added_tokens=True)
+        try:
+            vocab_size = Tokenizer.from_file(tokenizer_file).get_vocab_size(with_added_tokens=True)
+        except Exception as error:  # noqa: BLE001 - tokenizers raises a bare Exception for a damaged file
+            raise ValueError(f"{tokenizer_file} is not a tokenizer file: {error}") from None
     if id_range is None or (id_range[0] >= 0 and (vocab_size is None or id_range[1] < vocab_size)):
         return
     table = blocks.data.table if hasattr(blocks, "data") else blocks
