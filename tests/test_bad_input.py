@@ -848,3 +848,18 @@ def test_index_build_names_a_damaged_corpus_tokenizer_file(tmp_path, capsys):
         f"openrealm: error: {tmp_path / 'corpus' / 'tokenizer.json'} is not a tokenizer file: EOF while parsing"
     )
     assert not (tmp_path / "i").exists()
+
+
+def test_ask_prints_the_terminal_escapes_of_a_corpus_as_text(saved_model, tmp_path, capsys):
+    from conftest import BLOCK_TEXTS
+
+    from openrealm import BlockRecords
+
+    model = model_copy(saved_model, tmp_path)
+    os.remove(os.path.join(model, "block_records.safetensors"))
+    titles = [f"\x1b]0;owned\x07title {i}\r" for i in range(len(BLOCK_TEXTS))]
+    BlockRecords.write(os.path.join(model, "block_records.safetensors"), zip(titles, BLOCK_TEXTS))
+    assert main(["ask", "--model", model, "where does the nile flow ?"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    assert "[\\x1b]0;owned\\x07title " in out and "\\x0d] retrieval score" in out

@@ -198,13 +198,14 @@ def run_ask(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"question": question, "answers": answers}, ensure_ascii=False))
             continue
-        print(f"Q: {question}")
-        for answer in answers:
-            print(f"  A: {answer['answer']}  (score {answer['score']:.3f})")
+        print(f"Q: {printable(question)}")
+        for answer in answers:  # text of the corpus, which may come from anyone's Hub repo
+            print(f"  A: {printable(answer['answer'])}  (score {answer['score']:.3f})")
             print(
-                f"     block {answer['block_id']} [{answer['title']}] retrieval score {answer['retrieval_score']:.3f}"
+                f"     block {answer['block_id']} [{printable(answer['title'])}] retrieval score "
+                f"{answer['retrieval_score']:.3f}"
             )
-            print(f"     {answer['text'][:300]}")
+            print(f"     {printable(answer['text'][:300])}")
     return 0
 
 
@@ -228,6 +229,8 @@ MODEL_ARGUMENTS = (
 )
 # The most characters of a message printed; OPENREALM_DEBUG=1 shows the whole of it.
 MESSAGE_LIMIT = 600
+# Characters a terminal may act on (ESC sequences, carriage return, C1 controls); tab and newline print as they are.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # The last line of a Python traceback: the exception's class and message ("ValueError: ...").
 TRACEBACK_ERROR = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
 
@@ -275,9 +278,15 @@ def wrapped_error(text: str) -> tuple[int, str] | None:
     return (1 if failed else 2), message
 
 
+def printable(text: str) -> str:
+    """text with its control characters other than tab and newline (a terminal's escape sequences, from a corpus or
+    a file) shown as \\xNN escapes instead of being sent to the terminal."""
+    return CONTROL_CHARACTERS.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def one_line(message: str) -> str:
-    """The message's lines joined into one, cut to MESSAGE_LIMIT characters."""
-    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    """The message's lines joined into one, printable, cut to MESSAGE_LIMIT characters."""
+    message = printable(" ".join(line.strip() for line in message.splitlines() if line.strip()))
     if len(message) > MESSAGE_LIMIT:
         message = message[: MESSAGE_LIMIT - 1].rstrip() + "… (OPENREALM_DEBUG=1 prints it whole)"
     return message
