@@ -1,7 +1,39 @@
 """REALM configuration: every field of the transformers 4.x `RealmConfig`, with the same defaults."""
 
+import json
+import math
+import os
+
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+CONFIG_NAME = "config.json"
+# The smallest value of each size a model can be built with (a corpus may be empty: num_block_records 0).
+MINIMUM_SIZES = {
+    "vocab_size": 1,
+    "hidden_size": 1,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "intermediate_size": 1,
+    "max_position_embeddings": 1,
+    "type_vocab_size": 1,
+    "retriever_proj_size": 1,
+    "span_hidden_size": 1,
+    "max_span_width": 1,
+    "reader_beam_size": 1,
+    "searcher_beam_size": 1,
+    "reader_seq_len": 1,
+    "num_candidates": 1,
+    "num_block_records": 0,
+}
+PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+POSITIVE_FLOATS = ("layer_norm_eps", "reader_layer_norm_eps")
+
+
+class InvalidConfigError(ValueError):
+    """A RealmConfig field of the wrong type or out of range (the message names the field; loaders add the file)."""
 
 
 @strict
@@ -84,16 +116,90 @@ class RealmConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
     def validate_architecture(self):
-        """Reject sizes no model can be built with (called by `strict` on init)."""
+        """Reject values no model can be built with (called by `strict` on init, after the field types)."""
         check_bert_support(self.__dict__)
+        for name, minimum in MINIMUM_SIZES.items():
+            if getattr(self, name) < minimum:
+                raise ValueError(f"field {name!r} must be at least {minimum}, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"field 'hidden_size' ({self.hidden_size}) must be a multiple of num_attention_heads "
                 f"({self.num_attention_heads})"
             )
-        for name in ("reader_beam_size", "searcher_beam_size", "max_span_width", "retriever_proj_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in PROBABILITIES:
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"field {name!r} must be a probability from 0 to 1, got {getattr(self, name)}")
+        for name in POSITIVE_FLOATS:
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"field {name!r} must be a positive number, got {getattr(self, name)}")
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"field 'hidden_act' names no activation function: {self.hidden_act!r}")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"field 'pad_token_id' must be an id of the vocabulary (0 to {self.vocab_size - 1}), got "
+                f"{self.pad_token_id}"
+            )
+        architectures = self.architectures
+        if architectures is not None and (
+            not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures)
+        ):
+            raise ValueError(f"field 'architectures' must be a list of class names, got {architectures!r}")
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """transformers' from_dict (what AutoConfig and from_pretrained build a config with); a field of the wrong
+        type or out of range is an InvalidConfigError naming the field, not `strict`'s nested error."""
+        try:
+            return super().from_dict(config_dict, **kwargs)
+        except InvalidConfigError:
+            raise
+        except (StrictDataclassError, ValueError) as error:
+            cause = error.__cause__ if isinstance(error, StrictDataclassError) and error.__cause__ else error
+            raise InvalidConfigError(str(cause)) from error
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
+        """transformers' from_pretrained; an invalid field is an InvalidConfigError naming the file and the field."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except InvalidConfigError as error:
+            path = config_file_path(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+            raise InvalidConfigError(f"{path}: {error}") from error
+
+
+def config_file_path(pretrained_model_name_or_path: str | os.PathLike, subfolder: str = "") -> str:
+    """The config file of a local folder, a local file, or a Hub repo (REPO/config.json), as errors name it."""
+    name = os.fspath(pretrained_model_name_or_path)
+    if os.path.isfile(name):
+        return name
+    return os.path.join(name, subfolder, CONFIG_NAME) if subfolder else os.path.join(name, CONFIG_NAME)
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """The JSON object in the file at `path` (a config, a tokenizer file); a ValueError naming the file and, for
+    invalid JSON, the line and column, when it is not UTF-8, not JSON or not an object."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: invalid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def check_config_file(path: str | os.PathLike) -> None:
+    """A ValueError naming `path` (and the line, or the field) unless it is a JSON object and, for a REALM config
+    (model_type "realm"), one a model can be built from. Reads only the file: loaders call it before the weights."""
+    config = read_json_object(path)
+    if config.get("model_type") == RealmConfig.model_type:
+        try:
+            RealmConfig.from_dict(config)
+        except InvalidConfigError as error:
+            raise InvalidConfigError(f"{os.fspath(path)}: {error}") from error
 
 
 def check_bert_support(fields: dict) -> None:
@@ -130,4 +236,4 @@ def openrealm_pipeline_registered() -> bool:
     return getattr(impl, "__name__", "") == "RealmQuestionAnsweringPipeline"
 
 
-__all__ = ["RealmConfig"]
+__all__ = ["InvalidConfigError", "RealmConfig", "check_config_file", "read_json_object"]

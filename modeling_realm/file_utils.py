@@ -67,11 +67,52 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> str:
             os.fsync(file.fileno())
         os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
+        full = full_disk_error(error, path)
+        if full is not None:
+            raise full from error
         raise
     return path
+
+
+class FullDiskError(OSError):
+    """A write that failed for want of space (ENOSPC, EDQUOT), naming what was being written (see full_disk_error)."""
+
+    def __init__(self, code: int, reason: str, written: str):
+        self.reason, self.written = reason, written
+        super().__init__(
+            code,
+            f"No space left on the device holding {written} while writing it ({reason}); nothing was written: free "
+            "some space or choose another output",
+        )
+
+    def __str__(self) -> str:  # the sentence alone, without OSError's "[Errno 28]"
+        return self.strerror
+
+
+# How safetensors (Rust) reports an OS error while serializing: "... (os error 28)".
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def full_disk_error(error: BaseException, written: str | os.PathLike) -> FullDiskError | None:
+    """For a write of `written` (a folder or file) that failed because its device is full or the user's quota is
+    spent, the error to raise instead: it names `written`, where the writers' own errors name a temporary file inside
+    it (or, from safetensors, nothing). None for any other error. A FullDiskError of a nested write is renamed."""
+    seen = set()
+    while error is not None and id(error) not in seen:  # the error, or what it wraps (e.g. datasets' errors)
+        seen.add(id(error))
+        if isinstance(error, FullDiskError):
+            return FullDiskError(error.errno, error.reason, os.fspath(written))
+        code = error.errno if isinstance(error, OSError) else None
+        if code is None and type(error).__name__ == "SafetensorError":
+            found = _RUST_OS_ERROR.search(str(error))
+            code = int(found.group(1)) if found else None
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            return FullDiskError(code, os.strerror(code), os.fspath(written))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def path_within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
@@ -362,14 +403,18 @@ def atomic_directory(
             check_replaceable(destination, overwrite, replaceable, inputs)
         apply_umask_modes(staging)  # mkdtemp makes it private, safetensors' writer 0600
         replace_folder(staging, destination, keep)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         remove_empty_folders(created)
+        full = full_disk_error(error, destination)
+        if full is not None:
+            raise full from error
         raise
 
 
 __all__ = [
     "FileMapping",
+    "FullDiskError",
     "apply_umask_modes",
     "atomic_directory",
     "check_replaceable",
@@ -377,6 +422,7 @@ __all__ = [
     "current_umask",
     "exchange_paths",
     "file_mapping",
+    "full_disk_error",
     "link_or_copy",
     "missing_folders",
     "path_within",

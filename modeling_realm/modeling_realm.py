@@ -11,8 +11,10 @@ S = blocks retrieved per question, R = blocks read per question (R <= S), V = vo
 
 import contextlib
 import contextvars
+import glob
 import logging as stdlib_logging
 import os
+import pickle
 import re
 import shutil
 from collections.abc import Iterable, Iterator
@@ -35,7 +37,7 @@ from transformers.utils import ModelOutput, logging
 from .configuration_realm import RealmConfig
 from .file_utils import atomic_directory
 from .index_realm import RealmBlockIndex
-from .retrieval_realm import RealmRetriever, load_legacy_block_emb, normalize_answer_ids
+from .retrieval_realm import RealmRetriever, load_legacy_block_emb, normalize_answer_ids, refused_pickle_error
 
 logger = logging.get_logger(__name__)
 
@@ -240,6 +242,17 @@ BERT_HEAD_KEYS = (r"^cls\.",)
 _LOADING: contextvars.ContextVar[tuple[str, bool] | None] = contextvars.ContextVar("loading", default=None)
 
 
+def check_tokenizer_fits(tokenizer, vocab_size: int, source) -> None:
+    """A ValueError naming `source` when the tokenizer makes ids the model has no embedding for (len(tokenizer) >
+    config.vocab_size): refused when a model, retriever or pipeline is loaded, not an IndexError at the first
+    question."""
+    if tokenizer is not None and len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"{source}: the tokenizer has {len(tokenizer)} tokens but config.json's vocab_size is {vocab_size}, so "
+            f"ids from {vocab_size} on have no embedding: use the tokenizer the model was trained with"
+        )
+
+
 class MissingWeightsError(ValueError):
     """A checkpoint lacks backbone (BERT) weights the model needs: loading it would leave them randomly initialised."""
 
@@ -272,6 +285,35 @@ def check_backbone_loaded(source, missing: Iterable[str], found: Iterable[str]) 
             "checkpoint of this model (or a BERT checkpoint through from_bert_pretrained), or pass "
             f"allow_missing_backbone=True to start those weights fresh on purpose.{hint}"
         )
+
+
+class _HeldLoadReports(stdlib_logging.Filter):
+    """Keeps transformers' load reports instead of printing them (see held_load_reports); other records pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[stdlib_logging.LogRecord] = []
+
+    def filter(self, record: stdlib_logging.LogRecord) -> bool:
+        if "LOAD REPORT" not in record.getMessage():
+            return True
+        self.records.append(record)
+        return False
+
+
+@contextlib.contextmanager
+def held_load_reports() -> Iterator[None]:
+    """transformers' load report (the table of missing, unexpected and mismatched keys) is printed once the block
+    succeeds, and dropped when it fails: the error then says what went wrong, and a failed load prints no table."""
+    report_logger = stdlib_logging.getLogger("transformers.modeling_utils")  # transformers' log_state_dict_report
+    held = _HeldLoadReports()
+    report_logger.addFilter(held)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(held)
+    for record in held.records:
+        report_logger.handle(record)
 
 
 class _ExpectedNewTieFilter(stdlib_logging.Filter):
@@ -374,24 +416,32 @@ class RealmPreTrainedModel(PreTrainedModel):
         weight files."""
         token = _LOADING.set((os.fspath(pretrained_model_name_or_path), not allow_missing_backbone))
         try:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            with held_load_reports():
+                return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         except MissingWeightsError:
             raise
+        except pickle.UnpicklingError as error:  # torch.load(weights_only=True) met an object that is not a tensor
+            source = os.fspath(pretrained_model_name_or_path)
+            pickles = sorted(glob.glob(os.path.join(glob.escape(source), "*.bin")))
+            raise refused_pickle_error(
+                pickles[0] if pickles else os.path.join(source, "pytorch_model.bin"), error
+            ) from None
         except Exception as error:
             if isinstance(error, RuntimeError) and "ignore_mismatched_sizes" in str(error):
-                _, info = super().from_pretrained(
-                    pretrained_model_name_or_path,
-                    *model_args,
-                    **{**kwargs, "ignore_mismatched_sizes": True, "output_loading_info": True},
-                )
-                details = "; ".join(
-                    f"{key}: weights {tuple(stored)} vs config {tuple(expected)}"
-                    for key, stored, expected in list(info["mismatched_keys"])[:4]
-                )
-                raise ValueError(
-                    f"The config of {pretrained_model_name_or_path} contradicts its weights ({details}). Fix "
-                    "config.json or pass ignore_mismatched_sizes=True to re-initialise the mismatched weights."
-                ) from error
+                with held_load_reports():  # the retry's table is dropped: the ValueError says what it would
+                    _, info = super().from_pretrained(
+                        pretrained_model_name_or_path,
+                        *model_args,
+                        **{**kwargs, "ignore_mismatched_sizes": True, "output_loading_info": True},
+                    )
+                    details = "; ".join(
+                        f"{key}: weights {tuple(stored)} vs config {tuple(expected)}"
+                        for key, stored, expected in list(info["mismatched_keys"])[:4]
+                    )
+                    raise ValueError(
+                        f"The config of {pretrained_model_name_or_path} contradicts its weights ({details}). Fix "
+                        "config.json or pass ignore_mismatched_sizes=True to re-initialise the mismatched weights."
+                    ) from error
             corrupt = find_corrupt_weights(pretrained_model_name_or_path)
             if corrupt is not None:
                 raise ValueError(
@@ -943,6 +993,8 @@ class RealmForOpenQA(RealmPreTrainedModel):
                 trust_remote_code=kwargs.get("trust_remote_code"),
                 **hub_kwargs,
             )
+        if retriever is not None:
+            check_tokenizer_fits(retriever.tokenizer, model.config.vocab_size, path)
         model.retriever = retriever
         return loaded
 

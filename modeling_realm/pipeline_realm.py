@@ -18,7 +18,7 @@ import torch
 from transformers import Pipeline
 from transformers.utils import logging
 
-from .modeling_realm import span_candidates
+from .modeling_realm import check_tokenizer_fits, span_candidates
 
 logger = logging.get_logger(__name__)
 
@@ -42,6 +42,13 @@ def question_text(number: int, question) -> str:
             ) from None
     if not isinstance(question, str):
         raise ValueError(f"question {number} must be a str (or UTF-8 bytes), got {type(question).__name__}.")
+    try:
+        question.encode("utf-8")
+    except UnicodeEncodeError as error:  # e.g. bytes that were not UTF-8, read with errors="surrogateescape"
+        raise ValueError(
+            f"question {number} is not text: it holds the lone surrogate U+{ord(question[error.start]):04X} at "
+            f"character {error.start} (bytes that were not UTF-8?)."
+        ) from None
     if not question.strip():
         raise ValueError(f"question {number} is empty or whitespace ({question!r}): give a non-empty string.")
     return question
@@ -54,6 +61,10 @@ class RealmQuestionAnsweringPipeline(Pipeline):
     _load_image_processor = False
     _load_feature_extractor = False
     _load_tokenizer = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_tokenizer_fits(self.tokenizer, self.model.config.vocab_size, self.model.name_or_path or "the model")
 
     def _sanitize_parameters(
         self,

@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -861,6 +862,17 @@ def load_legacy_block_emb(folder: str) -> torch.Tensor | None:
     return None
 
 
+def refused_pickle_error(path: str, error: Exception) -> ValueError:
+    """The error for a weights pickle that torch.load(weights_only=True) refuses (it holds objects besides tensors,
+    e.g. a 4.x training script's arguments): OpenREALM never unpickles them, and says how to convert the file."""
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+    holding = f" ({found.group(1)})" if found else ""
+    return ValueError(
+        f"{path} is a pickle holding objects besides tensors{holding}, which OpenREALM does not load. If you trust "
+        "the file, save its tensors as model.safetensors (docs/migrating.md), then openrealm convert the folder"
+    )
+
+
 def read_weight(path: str, name: str) -> torch.Tensor:
     """One tensor from a safetensors file or a legacy .bin (torch.load with weights_only=True, memory-mapped)."""
     if path.endswith(".safetensors"):
@@ -872,6 +884,8 @@ def read_weight(path: str, name: str) -> torch.Tensor:
             return f.get_tensor(name)
     try:
         state_dict = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        raise refused_pickle_error(path, error) from None
     except Exception as error:  # noqa: BLE001 - any failure here means the file cannot be used
         raise ValueError(f"Cannot read weights from {path}: {error}") from error
     if name not in state_dict:

@@ -2,19 +2,19 @@
 reported as FILE, line N (1-based) with what is wrong and leaves nothing behind; `corpus build --overwrite` deletes only
 what a build wrote; `openrealm evaluate` refuses bad flags before running; the CLI prints one line, not a traceback."""
 
-import argparse
 import errno
+import io
 import json
 import os
 import re
+import shutil
 
 import pytest
-from conftest import fixture_folder, make_openqa_model
+from conftest import fixture_folder, make_openqa_model, tiny_config_kwargs
 
 from openrealm import RealmTokenizer
 from openrealm.tokenization import corpus
 from openrealm.tokenization.corpus import JsonlError, build_corpus, iter_jsonl, load_corpus
-from openrealm.trainers import options
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
 from openrealm.trainers.openqa import read_gold_passages
@@ -137,19 +137,52 @@ def test_corpus_input_of_only_blank_lines_is_refused(tmp_path, tokenizer):
     assert os.listdir(tmp_path) == ["a.jsonl"]
 
 
-def corpus_cli(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    options.corpus_build(parser)
-    return parser.parse_args([*argv, "--spans", "none"])
+def corpus_build_argv(*argv: str) -> list[str]:
+    return ["corpus", "build", *argv, "--spans", "none"]
 
 
 def test_corpus_cli_bad_line_exits_2_naming_the_line(tmp_path, tokenizer, capsys):
     tokenizer.save_pretrained(tmp_path / "tok")
     source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE), '{"title": "x", "text": 3}')
-    args = corpus_cli("--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok"))
-    assert corpus.run(args) == 2
-    assert "a.jsonl, line 2: field 'text' must be a string, got a number" in capsys.readouterr().err
+    argv = corpus_build_argv(
+        "--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok")
+    )
+    assert main(argv) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {source}, line 2: field 'text' must be a string, got a number"
+    )
     assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "tok"]
+
+
+def test_corpus_build_with_a_missing_tokenizer_folder_exits_2_naming_it(tmp_path, capsys):
+    source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
+    argv = corpus_build_argv("--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "t"))
+    assert main(argv) == 2
+    assert one_error_line(capsys) == f"openrealm: error: --tokenizer {tmp_path / 't'}: no such folder"
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl"]
+
+
+def test_a_full_disk_during_corpus_build_exits_1_with_one_error_line(tmp_path, tokenizer, capsys, monkeypatch):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
+    monkeypatch.setattr(corpus, "_write_block_records", full_disk)
+    argv = corpus_build_argv(
+        "--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok")
+    )
+    assert main(argv) == 1
+    assert one_error_line(capsys).startswith(
+        f"openrealm: error: No space left on the device holding {tmp_path / 'out'}"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "tok"]
+
+
+def test_ask_without_a_question_exits_2_with_one_error_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "model").mkdir()
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n  \n"))
+    assert main(["ask", "--model", str(tmp_path / "model")]) == 2
+    assert one_error_line(capsys) == (
+        "openrealm: error: no question given: pass one, or pipe them on stdin, one per line"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -203,9 +236,9 @@ def test_cli_overwrite_with_the_input_inside_the_output_exits_2(tmp_path, tokeni
     tokenizer.save_pretrained(tmp_path / "tok")
     build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "out", tokenizer)
     inside = write_lines(tmp_path / "out" / "in.jsonl", json.dumps(ARTICLE))
-    args = corpus_cli("--input", inside, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok"), "--overwrite")  # fmt: skip
-    assert corpus.run(args) == 2
-    assert "in.jsonl lies inside" in capsys.readouterr().err
+    argv = corpus_build_argv("--input", inside, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok"), "--overwrite")  # fmt: skip
+    assert main(argv) == 2
+    assert "in.jsonl lies inside" in one_error_line(capsys)
     assert (tmp_path / "out" / "in.jsonl").is_file()
 
 
@@ -489,3 +522,345 @@ def test_evaluate_refuses_an_output_that_is_a_folder_before_anything_runs(tmp_pa
     assert main(evaluate_argv(tmp_path, "--output", str(tmp_path / "results"))) == 2
     assert one_error_line(capsys).endswith("results is a folder; give the results JSON file to write")
     assert os.listdir(tmp_path / "results") == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model folders: config.json
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def write_config(folder, **fields) -> str:
+    """A model folder holding only config.json: the tiny REALM config with `fields` replaced."""
+    folder.mkdir()
+    config = {**tiny_config_kwargs(), "model_type": "realm", "architectures": ["RealmForOpenQA"], **fields}
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"hidden_size": "32"}, "Field 'hidden_size' expected int, got str (value: '32')"),
+        ({"reader_beam_size": 0}, "field 'reader_beam_size' must be at least 1, got 0"),
+        ({"num_attention_heads": 0}, "field 'num_attention_heads' must be at least 1, got 0"),
+        ({"hidden_dropout_prob": 1.5}, "field 'hidden_dropout_prob' must be a probability from 0 to 1, got 1.5"),
+        ({"hidden_act": "nope"}, "field 'hidden_act' names no activation function: 'nope'"),
+        ({"pad_token_id": 158}, "field 'pad_token_id' must be an id of the vocabulary (0 to 157), got 158"),
+        ({"architectures": "RealmForOpenQA"}, "field 'architectures' must be a list of class names"),
+    ],
+    ids=["wrong-type", "beam-0", "heads-0", "dropout", "activation", "pad-id", "architectures"],
+)
+def test_convert_of_a_config_json_with_a_bad_field_exits_2_naming_file_and_field(tmp_path, capsys, fields, problem):
+    source = write_config(tmp_path / "src", **fields)
+    assert main(["convert", source, str(tmp_path / "out")]) == 2
+    assert one_error_line(capsys).startswith(f"openrealm: error: {source}/config.json: {problem}")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_ask_with_a_config_field_of_the_wrong_type_exits_2_naming_file_and_field(tmp_path, capsys):
+    model = write_config(tmp_path / "model", vocab_size=158.0)
+    assert main(["ask", "--model", model, "where is paris ?"]) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {model}/config.json: Field 'vocab_size' expected int, got float (value: 158.0)"
+    )
+
+
+def test_invalid_json_in_config_json_exits_2_naming_file_line_and_column(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{\n  "model_type": "realm",\n}\n', encoding="utf-8")
+    argv = evaluate_argv(tmp_path, "--output", str(tmp_path / "r.json"))
+    assert main(argv) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {tmp_path / 'model' / 'config.json'}: invalid JSON: Expecting property name enclosed in "
+        "double quotes (line 3, column 1)"
+    )
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_realm_config_from_pretrained_names_the_file_and_the_field(tmp_path):
+    from openrealm import RealmConfig
+
+    folder = write_config(tmp_path / "model", max_span_width=-1)
+    with pytest.raises(ValueError, match=r"model/config\.json: field 'max_span_width' must be at least 1, got -1$"):
+        RealmConfig.from_pretrained(folder)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model folders: tokenizer, weights, and what pipeline() reports
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """A saved tiny RealmForOpenQA folder (weights, tokenizer, corpus, index); tests change copies of it."""
+    folder = tmp_path_factory.mktemp("saved") / "model"
+    make_openqa_model(seed=0).save_pretrained(folder)
+    return folder
+
+
+def model_copy(saved_model, tmp_path) -> str:
+    return str(shutil.copytree(saved_model, tmp_path / "model"))
+
+
+def edit_config(folder: str, **fields) -> None:
+    path = os.path.join(folder, "config.json")
+    config = json.loads(open(path, encoding="utf-8").read())
+    config.update(fields)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+
+def test_ask_with_a_tokenizer_larger_than_the_vocabulary_exits_2_before_any_question(saved_model, tmp_path, capsys):
+    model = model_copy(saved_model, tmp_path)
+    tokenizer = RealmTokenizer.from_pretrained(model)
+    tokenizer.add_tokens(["zzzone", "zzztwo"])
+    tokenizer.save_pretrained(model)
+    assert main(["ask", "--model", model, "zzzone where is paris ?"]) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {model}: the tokenizer has 160 tokens but config.json's vocab_size is 158, so ids from "
+        "158 on have no embedding: use the tokenizer the model was trained with"
+    )
+
+
+def test_the_pipeline_refuses_a_tokenizer_larger_than_the_vocabulary(saved_model):
+    from transformers import pipeline
+
+    tokenizer = RealmTokenizer.from_pretrained(saved_model)
+    tokenizer.add_tokens(["zzzone"])
+    with pytest.raises(ValueError, match=r"the tokenizer has 159 tokens but config\.json's vocab_size is 158"):
+        pipeline("question-answering", model=str(saved_model), tokenizer=tokenizer)
+
+
+def test_a_load_failure_inside_pipeline_is_one_line_without_load_table_or_traceback(saved_model, tmp_path, capsys):
+    model = model_copy(saved_model, tmp_path)
+    edit_config(model, vocab_size=100)  # a valid config that contradicts the weights
+    assert main(["ask", "--model", model, "where is paris ?"]) == 2
+    err = capsys.readouterr().err
+    assert "LOAD REPORT" not in err and "Traceback" not in err
+    assert err.startswith(f"openrealm: error: The config of {model} contradicts its weights (")
+    assert err.endswith("to re-initialise the mismatched weights.\n") and err.count("\n") == 1
+
+
+def test_a_message_longer_than_the_limit_is_cut_and_says_how_to_see_it_whole(tmp_path, capsys, monkeypatch):
+    def failing(*args, **kwargs):
+        raise ValueError("x" * 5000)
+
+    monkeypatch.setattr("openrealm.convert_legacy_folder", failing)
+    (tmp_path / "src").mkdir()
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
+    line = one_error_line(capsys)
+    assert line == "openrealm: error: " + "x" * 599 + "… (OPENREALM_DEBUG=1 prints it whole)"
+
+
+@pytest.fixture()
+def pickled_4x_folder(tmp_path):
+    """The 4.x open-QA fixture whose pytorch_model.bin also pickles an argparse.Namespace (training arguments)."""
+    import argparse as argparse_module
+
+    import torch
+
+    folder = shutil.copytree(fixture_folder("openqa", "hub"), tmp_path / "legacy")
+    weights = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    torch.save({**weights, "args": argparse_module.Namespace(lr=1.0)}, folder / "pytorch_model.bin")
+    return folder
+
+
+@pytest.mark.parametrize("command", ["convert", "ask"])
+def test_a_4x_pickle_refused_by_weights_only_exits_2_without_suggesting_to_unpickle_it(
+    pickled_4x_folder, tmp_path, capsys, command
+):
+    argv = {
+        "convert": ["convert", str(pickled_4x_folder), str(tmp_path / "out")],
+        "ask": ["ask", "--model", str(pickled_4x_folder), "where is paris ?"],
+    }[command]
+    assert main(argv) == 2
+    line = one_error_line(capsys)
+    assert line == (
+        f"openrealm: error: {pickled_4x_folder / 'pytorch_model.bin'} is a pickle holding objects besides tensors "
+        "(argparse.Namespace), which OpenREALM does not load. If you trust the file, save its tensors as "
+        "model.safetensors (docs/migrating.md), then openrealm convert the folder"
+    )
+    assert "weights_only" not in line
+    assert sorted(os.listdir(tmp_path)) == ["legacy"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Questions that are not UTF-8 text
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_ask_names_the_stdin_line_that_is_not_utf8(tmp_path, capsys, monkeypatch):
+    (tmp_path / "model").mkdir()  # refused before the model is loaded
+    stdin = io.TextIOWrapper(io.BytesIO(b"where is paris ?\n\nwhere is \xff paris ?\n"), encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["ask", "--model", str(tmp_path / "model")]) == 2
+    assert one_error_line(capsys) == "openrealm: error: stdin, line 3: not UTF-8 text (invalid start byte at byte 9)"
+
+
+def test_ask_refuses_a_question_argument_holding_undecodable_bytes(saved_model, capsys):
+    question = b"where is \xff paris ?".decode("utf-8", "surrogateescape")  # how Python passes such an argv
+    assert main(["ask", "--model", str(saved_model), question]) == 2
+    assert one_error_line(capsys) == (
+        "openrealm: error: question 0 is not text: it holds the lone surrogate U+DCFF at character 9 (bytes that "
+        "were not UTF-8?)."
+    )
+
+
+def test_evaluate_names_a_dataset_line_whose_json_escapes_half_a_surrogate_pair(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    dataset = write_lines(tmp_path / "qa.jsonl", '{"question": "where is \\ud83d\\ude00 ?", "answers": ["a"]}')
+    with open(dataset, "a", encoding="utf-8") as f:
+        f.write('{"question": "where is \\udcff ?", "answers": ["a"]}\n')
+    argv = ["evaluate", "--model", str(tmp_path / "model"), "--dataset", dataset, "--output", str(tmp_path / "r.json")]
+    assert main(argv) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {dataset}, line 2: \\udcff escapes half of a UTF-16 surrogate pair, not text"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["model", "qa.jsonl"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Corpus blocks: wordpiece ids
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def corpus_with_id(tmp_path, column: str, block: int, value: int) -> str:
+    """A corpus of three articles (the fixture tokenizer: 158 wordpieces) whose `column` of `block` starts with
+    `value`, as a hand edit of the Arrow file would leave it."""
+    from conftest import fixture_tokenizer
+    from datasets import load_from_disk
+
+    articles = [{"title": name, "text": f"{name} is a city."} for name in ("paris", "london", "nile")]
+    source = write_lines(tmp_path / "a.jsonl", *map(json.dumps, articles))
+    folder = tmp_path / "corpus"
+    build_corpus(source, folder, fixture_tokenizer(), progress=False)
+    blocks = load_from_disk(str(folder / "blocks"))
+    edited = blocks.map(lambda row, i: {column: [value, *row[column][1:]] if i == block else row[column]}, with_indices=True)  # fmt: skip
+    edited.save_to_disk(str(tmp_path / "edited"))
+    shutil.rmtree(folder / "blocks")
+    os.rename(tmp_path / "edited", folder / "blocks")
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "allowed"),
+    [("token_ids", -5, "0 to 157, the vocabulary of"), ("title_ids", 158, "0 to 157, the vocabulary of")],
+    ids=["negative", "beyond-the-vocabulary"],
+)
+def test_index_build_names_the_block_holding_a_wordpiece_id_outside_the_vocabulary(
+    tmp_path, capsys, column, value, allowed
+):
+    corpus_dir = corpus_with_id(tmp_path, column, 1, value)
+    embedder = str(fixture_folder("embedder", "safetensors"))
+    argv = ["index", "build", "--embedder", embedder, "--corpus", corpus_dir, "--output", str(tmp_path / "index")]
+    assert main(argv) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {corpus_dir}/blocks: block 1 holds wordpiece id {value} in {column}, outside {allowed} "
+        f"{corpus_dir}/tokenizer.json: the blocks were changed after corpus build"
+    )
+    assert not (tmp_path / "index").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A full disk while weights are written
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def full_disk_in_safetensors(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("writer", [full_disk, full_disk_in_safetensors], ids=["oserror", "safetensors-error"])
+def test_a_full_disk_while_convert_writes_the_weights_names_the_destination_and_leaves_nothing(
+    tmp_path, capsys, monkeypatch, writer
+):
+    monkeypatch.setattr("transformers.modeling_utils.safe_save_file", writer)
+    destination = tmp_path / "new" / "converted"
+    assert main(["convert", str(fixture_folder("openqa", "hub")), str(destination)]) == 1
+    assert one_error_line(capsys) == (
+        f"openrealm: error: No space left on the device holding {destination} while writing it (No space left on "
+        "device); nothing was written: free some space or choose another output"
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_full_disk_while_a_results_file_is_written_names_the_file(tmp_path, monkeypatch):
+    from openrealm.file_utils import FullDiskError, write_text_atomic
+
+    monkeypatch.setattr("os.fsync", full_disk)
+    with pytest.raises(FullDiskError, match=r"No space left on the device holding .*r\.json while writing it"):
+        write_text_atomic(tmp_path / "r.json", "{}")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_ask_with_a_tokenizer_file_that_is_not_json_exits_2_naming_file_line_and_column(
+    saved_model, tmp_path, capsys, name
+):
+    model = model_copy(saved_model, tmp_path)
+    with open(os.path.join(model, name), "w", encoding="utf-8") as f:
+        f.write('{\n  "version": "1.0",\n  oops\n}\n')
+    assert main(["ask", "--model", model, "where is paris ?"]) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {model}/{name}: invalid JSON: Expecting property name enclosed in double quotes (line 3, "
+        "column 3)"
+    )
+
+
+def test_a_config_override_of_the_wrong_type_exits_2_naming_the_field(tmp_path, capsys):
+    from conftest import fixture_tokenizer
+
+    source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
+    build_corpus(source, tmp_path / "corpus", fixture_tokenizer(), progress=False)
+    argv = ["train", "ict", "--corpus", str(tmp_path / "corpus"), "--init", "random", "--output", str(tmp_path / "o")]
+    argv += ["--max-dropped-share", "1"]  # the one-block corpus would otherwise be refused first, as too small
+    assert main([*argv, "--config-overrides", "hidden_size=abc", "--max-steps", "1"]) == 2
+    assert (
+        one_error_line(capsys)
+        == "openrealm: error: RealmConfig: Field 'hidden_size' expected int, got str (value: 'abc')"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag", ["--training-summary", "--eval-results"])
+def test_push_with_a_results_file_that_is_not_json_exits_2_naming_it_before_writing_the_card(
+    saved_model, tmp_path, capsys, flag
+):
+    model = model_copy(saved_model, tmp_path)
+    bad = write_lines(tmp_path / "bad.json", "{", '  "loss": 1,,')
+    assert main(["push", "--model", model, "--repo-id", "someone/realm", flag, bad]) == 2
+    assert one_error_line(capsys) == (
+        f"openrealm: error: {bad}: invalid JSON: Expecting property name enclosed in double quotes (line 2, column 13)"
+    )
+    assert not os.path.exists(os.path.join(model, "README.md"))
+
+
+def test_index_build_names_a_damaged_corpus_tokenizer_file(tmp_path, capsys):
+    from conftest import fixture_tokenizer
+
+    build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "corpus", fixture_tokenizer())
+    (tmp_path / "corpus" / "tokenizer.json").write_text("{\n", encoding="utf-8")
+    embedder = str(fixture_folder("embedder", "safetensors"))
+    argv = ["index", "build", "--embedder", embedder, "--corpus", str(tmp_path / "corpus"), "--output", str(tmp_path / "i")]  # fmt: skip
+    assert main(argv) == 2
+    assert one_error_line(capsys).startswith(
+        f"openrealm: error: {tmp_path / 'corpus' / 'tokenizer.json'} is not a tokenizer file: EOF while parsing"
+    )
+    assert not (tmp_path / "i").exists()
+
+
+def test_ask_prints_the_terminal_escapes_of_a_corpus_as_text(saved_model, tmp_path, capsys):
+    from conftest import BLOCK_TEXTS
+
+    from openrealm import BlockRecords
+
+    model = model_copy(saved_model, tmp_path)
+    os.remove(os.path.join(model, "block_records.safetensors"))
+    titles = [f"\x1b]0;owned\x07title {i}\r" for i in range(len(BLOCK_TEXTS))]
+    BlockRecords.write(os.path.join(model, "block_records.safetensors"), zip(titles, BLOCK_TEXTS))
+    assert main(["ask", "--model", model, "where does the nile flow ?"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    assert "[\\x1b]0;owned\\x07title " in out and "\\x0d] retrieval score" in out

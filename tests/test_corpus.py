@@ -19,6 +19,7 @@ from openrealm.tokenization.corpus import (
     load_corpus,
     run,
 )
+from openrealm.trainers.cli import main
 from openrealm.trainers.options import corpus_build
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -375,9 +376,19 @@ def test_cli_refuses_an_existing_output(tmp_path, tokenizer, capsys):
     tokenizer.save_pretrained(tmp_path / "tok")
     source = write_jsonl(tmp_path / "a.jsonl", [{"title": "paris", "text": "Paris."}])
     (tmp_path / "c").mkdir()
-    args = cli_args("--input", source, "--output", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"))
-    assert run(args) == 2
-    assert "already exists" in capsys.readouterr().err
+    argv = [
+        "corpus",
+        "build",
+        "--input",
+        source,
+        "--output",
+        str(tmp_path / "c"),
+        "--tokenizer",
+        str(tmp_path / "tok"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("openrealm: error: ") and "already exists" in err and err.count("\n") == 1
 
 
 def test_jsonl_without_a_text_field_is_an_error_naming_the_file(tmp_path, tokenizer):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import errno
 import hashlib
 import html
 import inspect
@@ -44,7 +43,7 @@ import numpy as np
 import torch
 
 from openrealm.block_records import BlockRecords
-from openrealm.file_utils import atomic_directory, check_replaceable
+from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
 
 CORPUS_FORMAT = "openrealm.corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -435,6 +434,10 @@ def json_type(value) -> str:
     return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
+# A JSON escape of half a surrogate pair ("\\ud800" to "\\udfff"); a whole pair decodes to one character.
+LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
 class JsonlError(ValueError):
     """A bad line of a JSONL file: the message is `PATH, line N: PROBLEM` (N 1-based, as editors count)."""
 
@@ -452,11 +455,7 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     Raises JsonlError naming the file and the line for a line that is not UTF-8, not valid JSON (with the parser's
     message) or not a JSON object; FileNotFoundError / IsADirectoryError when the path is no file."""
     with open(path, "rb") as file:
-        for number, raw in enumerate(file, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as error:
-                raise JsonlError(path, number, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
+        for number, line in iter_lines(file, path):
             if not line.strip():
                 continue
             try:
@@ -465,7 +464,31 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
                 raise JsonlError(path, number, f"invalid JSON: {error.msg} (column {error.colno})") from None
             if not isinstance(row, dict):
                 raise JsonlError(path, number, f"expected a JSON object, got {json_type(row)}")
+            if LONE_SURROGATE_ESCAPE.search(line):  # "\udcff" alone decodes to a str that is not text
+                try:
+                    json.dumps(row, ensure_ascii=False).encode("utf-8")
+                except UnicodeEncodeError as error:
+                    problem = (
+                        f"\\u{ord(error.object[error.start]):04x} escapes half of a UTF-16 surrogate pair, not text"
+                    )
+                    raise JsonlError(path, number, problem) from None
             yield number, row
+
+
+def iter_lines(lines: Iterable[bytes | str], path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a file (bytes, read as UTF-8; a byte-order mark opening the first line is
+    dropped) or of a text stream; numbers are 1-based. A line that is not UTF-8 text (for a text stream: one holding
+    undecodable bytes as surrogates) is a JsonlError naming `path` and the line."""
+    for number, raw in enumerate(lines, start=1):
+        try:
+            if isinstance(raw, bytes):
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            else:
+                raw.encode("utf-8")
+                line = raw
+        except UnicodeError as error:
+            raise JsonlError(path, number, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
+        yield number, line
 
 
 def jsonl_string(row: Mapping, field: str, path, line: int) -> str:
@@ -665,13 +688,10 @@ def build_corpus(
                 json.dump(config, f, indent=2, ensure_ascii=False)
                 f.write("\n")
             del saved
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # datasets' errors would otherwise point at the input file
-            raise OSError(
-                error.errno,
-                f"No space left on the device holding {output_dir} while building the corpus ({error.strerror}); "
-                "nothing was written: free some space or choose another output",
-            ) from error
+    except OSError as error:  # a full disk names output_dir, not the input file datasets was reading
+        full = full_disk_error(error, output_dir)
+        if full is not None:
+            raise full from error
         raise
     return load_corpus(output_dir)
 
@@ -832,7 +852,59 @@ def load_corpus(directory: str | os.PathLike):
     records = BlockRecords.open(records_path)
     if len(records) != len(blocks):
         raise ValueError(f"{records_path} holds {len(records)} blocks but {blocks_dir} holds {len(blocks)}")
+    check_token_ids(blocks, blocks_dir, os.path.join(directory, "tokenizer.json"))
     return blocks
+
+
+TOKEN_ID_COLUMNS = ("title_ids", "token_ids")
+
+
+def token_id_range(blocks) -> tuple[int, int] | None:
+    """(smallest, largest) wordpiece id of the blocks' title_ids and token_ids: min/max over the memory-mapped Arrow
+    columns, no Python loop. None when the blocks hold no ids."""
+    import pyarrow.compute as pc
+
+    table = blocks.data.table if hasattr(blocks, "data") else blocks
+    ranges = [pc.min_max(pc.list_flatten(table.column(column))) for column in TOKEN_ID_COLUMNS]
+    ranges = [(bounds["min"].as_py(), bounds["max"].as_py()) for bounds in ranges]
+    ranges = [bounds for bounds in ranges if bounds[0] is not None]
+    return (min(low for low, _ in ranges), max(high for _, high in ranges)) if ranges else None
+
+
+def check_token_ids(blocks, blocks_dir: str, tokenizer_file: str) -> None:
+    """Every wordpiece id of the blocks is at least 0 and, where the corpus has its tokenizer.json, an id of that
+    vocabulary: a ValueError naming the block otherwise (the blocks were changed by hand or by another tool), rather
+    than an IndexError inside a model."""
+    import pyarrow.compute as pc
+
+    id_range = token_id_range(blocks)
+    vocab_size = None
+    if os.path.isfile(tokenizer_file):
+        from tokenizers import Tokenizer
+
+        try:
+            vocab_size = Tokenizer.from_file(tokenizer_file).get_vocab_size(with_added_tokens=True)
+        except Exception as error:  # noqa: BLE001 - tokenizers raises a bare Exception for a damaged file
+            raise ValueError(f"{tokenizer_file} is not a tokenizer file: {error}") from None
+    if id_range is None or (id_range[0] >= 0 and (vocab_size is None or id_range[1] < vocab_size)):
+        return
+    table = blocks.data.table if hasattr(blocks, "data") else blocks
+    for column in TOKEN_ID_COLUMNS:
+        ids = table.column(column)
+        flat = pc.list_flatten(ids)
+        outside = (
+            pc.less(flat, 0) if vocab_size is None else pc.or_(pc.less(flat, 0), pc.greater_equal(flat, vocab_size))
+        )
+        position = pc.index(outside, True).as_py()
+        if position >= 0:
+            block = pc.list_parent_indices(ids)[position].as_py()
+            allowed = (
+                "0 or more" if vocab_size is None else f"0 to {vocab_size - 1}, the vocabulary of {tokenizer_file}"
+            )
+            raise ValueError(
+                f"{blocks_dir}: block {block} holds wordpiece id {flat[position].as_py()} in {column}, outside "
+                f"{allowed}: the blocks were changed after corpus build"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -895,23 +967,19 @@ def run(args: argparse.Namespace) -> int:
         from openrealm.tokenization.salient_spans import make_span_annotator
 
         span_annotator = make_span_annotator(args.spans)  # picklable; loads its model lazily in each process
-    try:
-        blocks = build_corpus(
-            args.input if len(args.input) > 1 else args.input[0],
-            args.output,
-            args.tokenizer,
-            max_block_length=args.max_block_length,
-            num_proc=args.num_proc,
-            span_annotator=span_annotator,
-            batch_size=args.batch_size,
-            overwrite=args.overwrite,
-            page_filter=not args.no_page_filter,
-            progress=not args.quiet,
-            deduplicate=args.deduplicate,
-        )
-    except (OSError, ValueError) as error:  # bad input or output: a message, not a traceback
-        print(f"openrealm corpus build: {error}", file=sys.stderr)
-        return 2
+    blocks = build_corpus(  # errors: one line and the exit status from the command line (trainers/cli.py)
+        args.input if len(args.input) > 1 else args.input[0],
+        args.output,
+        args.tokenizer,
+        max_block_length=args.max_block_length,
+        num_proc=args.num_proc,
+        span_annotator=span_annotator,
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
+        page_filter=not args.no_page_filter,
+        progress=not args.quiet,
+        deduplicate=args.deduplicate,
+    )
     config = read_corpus_config(args.output)
     print(
         f"Wrote {len(blocks)} blocks from {config['num_articles']} articles to {os.path.abspath(args.output)}"

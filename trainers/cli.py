@@ -20,10 +20,13 @@ OPENREALM_DEBUG=1 to get the traceback instead. Any other error keeps its traceb
 """
 
 import argparse
+import builtins
 import functools
 import importlib
 import json
 import os
+import pickle
+import re
 import sys
 
 EXIT_STATUS = "exit status: 0 done; 1 failed (e.g. weights missing, a model not found); 2 bad arguments or input"
@@ -182,10 +185,12 @@ def run_convert(args: argparse.Namespace) -> int:
 def run_ask(args: argparse.Namespace) -> int:
     from transformers import pipeline
 
-    questions = args.question or [line.strip() for line in sys.stdin if line.strip()]
+    from openrealm.tokenization.corpus import iter_lines
+
+    stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes where it can: a line that is not UTF-8 is named
+    questions = args.question or [line.strip() for _, line in iter_lines(stdin, "stdin") if line.strip()]
     if not questions:
-        print("openrealm ask: no question given (pass one, or pipe them on stdin).", file=sys.stderr)
-        return 2
+        raise ValueError("no question given: pass one, or pipe them on stdin, one per line")
     qa = pipeline("question-answering", model=args.model)
     results = qa(questions, top_k=args.top_k, num_blocks=args.num_blocks)
     for question, answers in zip(questions, results):
@@ -193,13 +198,14 @@ def run_ask(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"question": question, "answers": answers}, ensure_ascii=False))
             continue
-        print(f"Q: {question}")
-        for answer in answers:
-            print(f"  A: {answer['answer']}  (score {answer['score']:.3f})")
+        print(f"Q: {printable(question)}")
+        for answer in answers:  # text of the corpus, which may come from anyone's Hub repo
+            print(f"  A: {printable(answer['answer'])}  (score {answer['score']:.3f})")
             print(
-                f"     block {answer['block_id']} [{answer['title']}] retrieval score {answer['retrieval_score']:.3f}"
+                f"     block {answer['block_id']} [{printable(answer['title'])}] retrieval score "
+                f"{answer['retrieval_score']:.3f}"
             )
-            print(f"     {answer['text'][:300]}")
+            print(f"     {printable(answer['text'][:300])}")
     return 0
 
 
@@ -213,14 +219,85 @@ BAD_INPUT_ERRORS = (
     PermissionError,
 )
 # Arguments naming a model folder or Hub repo id: a local path that does not exist is reported as such.
-MODEL_ARGUMENTS = (("model", "--model"), ("source", "SOURCE"), ("embedder", "--embedder"), ("encoder", "--encoder"))
+MODEL_ARGUMENTS = (
+    ("model", "--model"),
+    ("source", "SOURCE"),
+    ("embedder", "--embedder"),
+    ("encoder", "--encoder"),
+    ("init", "--init"),
+    ("tokenizer", "--tokenizer"),
+)
+# The most characters of a message printed; OPENREALM_DEBUG=1 shows the whole of it.
+MESSAGE_LIMIT = 600
+# Characters a terminal may act on (ESC sequences, carriage return, C1 controls); tab and newline print as they are.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# The last line of a Python traceback: the exception's class and message ("ValueError: ...").
+TRACEBACK_ERROR = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
 
 
-def report_error(error: BaseException, status: int) -> int:
-    """Print `openrealm: error: MESSAGE` (one line) on stderr and return status; re-raise when OPENREALM_DEBUG=1."""
+def classify_error(error: BaseException) -> tuple[int, str] | None:
+    """(exit status, message) of an error the command line reports in one line, or None for an error that keeps its
+    traceback (a bug). Errors of the libraries that mean a bad file get openrealm's words: a field of a config
+    (huggingface_hub's strict dataclasses), a pickle that torch refuses to unpickle, a damaged safetensors file."""
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
+
+    from openrealm.modeling_realm import MissingWeightsError
+    from openrealm.retrieval_realm import refused_pickle_error
+
+    if isinstance(error, MissingWeightsError):  # a checkpoint that would train or answer with random weights
+        return 1, str(error)
+    if isinstance(error, pickle.UnpicklingError):  # never torch's advice to load it with weights_only=False
+        return 2, str(refused_pickle_error("a weights file", error))
+    if isinstance(error, StrictDataclassError):
+        return 2, f"RealmConfig: {error.__cause__ or error}"
+    if isinstance(error, SafetensorError):  # a full disk (os error 28) while writing, else a damaged file
+        return (1 if "os error" in str(error) else 2), f"safetensors: {error}"
+    if isinstance(error, BAD_INPUT_ERRORS):
+        return wrapped_error(str(error)) or (2, str(error))
+    if isinstance(error, OSError):  # e.g. neither a local folder nor a loadable Hub repo, no network, disk full
+        return 1, str(error)
+    return None
+
+
+def wrapped_error(text: str) -> tuple[int, str] | None:
+    """(exit status, message) of the error inside a message that carries a traceback, as transformers' pipeline()
+    reports a failed model load ("Could not load model ... See the original errors: ... Traceback ..."): the
+    exception line of the first traceback's last exception. None for a message without a traceback."""
+    if "Traceback (most recent call last):" not in text:
+        return None
+    first = text.split("while loading with ")[1] if "while loading with " in text else text
+    found = [match for match in map(TRACEBACK_ERROR.match, first.splitlines()) if match]
+    if not found:
+        return None
+    name, message = found[-1].groups()
+    builtin = getattr(builtins, name.rsplit(".", 1)[-1], None)
+    failed = name.endswith("MissingWeightsError") or (
+        isinstance(builtin, type) and issubclass(builtin, OSError) and not issubclass(builtin, BAD_INPUT_ERRORS)
+    )
+    return (1 if failed else 2), message
+
+
+def printable(text: str) -> str:
+    """text with its control characters other than tab and newline (a terminal's escape sequences, from a corpus or
+    a file) shown as \\xNN escapes instead of being sent to the terminal."""
+    return CONTROL_CHARACTERS.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
+def one_line(message: str) -> str:
+    """The message's lines joined into one, printable, cut to MESSAGE_LIMIT characters."""
+    message = printable(" ".join(line.strip() for line in message.splitlines() if line.strip()))
+    if len(message) > MESSAGE_LIMIT:
+        message = message[: MESSAGE_LIMIT - 1].rstrip() + "… (OPENREALM_DEBUG=1 prints it whole)"
+    return message
+
+
+def report_error(error: BaseException, status: int, message: str | None = None) -> int:
+    """Print `openrealm: error: MESSAGE` (one line; default the error's text) on stderr and return status; re-raise
+    when OPENREALM_DEBUG=1."""
     if os.environ.get("OPENREALM_DEBUG") == "1":
         raise error
-    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+    message = one_line(str(error) if message is None else message) or type(error).__name__
     print(f"openrealm: error: {message}", file=sys.stderr)
     return status
 
@@ -232,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     from openrealm.trainers import output
 
     openrealm.register_with_transformers()  # deferred by the package root for this command line (fast --help)
-    from openrealm.modeling_realm import MissingWeightsError
     from openrealm.trainers.towers import check_model_folder
 
     try:
@@ -241,12 +317,11 @@ def main(argv: list[str] | None = None) -> int:
                 check_model_folder(getattr(args, name), flag)
         with output.configured(args):  # --quiet / --verbose: the libraries' logs and progress bars
             return args.handler(args)
-    except MissingWeightsError as error:  # a checkpoint that would train or answer with random weights
-        return report_error(error, 1)
-    except BAD_INPUT_ERRORS as error:
-        return report_error(error, 2)
-    except OSError as error:  # e.g. neither a local folder nor a loadable Hub repo, no network, disk full
-        return report_error(error, 1)
+    except Exception as error:
+        classified = classify_error(error)
+        if classified is None:
+            raise
+        return report_error(error, *classified)
 
 
 if __name__ == "__main__":

@@ -386,13 +386,13 @@ def write_results(results: dict, path: str | os.PathLike) -> Path:
 
 def read_results(path: str | os.PathLike) -> dict:
     """An evaluation JSON written by `openrealm evaluate` (checked to hold exact_match)."""
+    from openrealm.configuration_realm import read_json_object
+
     try:
-        results = json.loads(Path(path).read_text(encoding="utf-8"))
+        results = read_json_object(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"No evaluation results file {path}") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error.msg})") from None
-    if not isinstance(results, dict) or "exact_match" not in results:
+    if "exact_match" not in results:
         raise ValueError(f"{path} holds no evaluation results (no 'exact_match'); write it with openrealm evaluate")
     return results
 

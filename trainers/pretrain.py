@@ -617,7 +617,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     try:  # before any index is built
         check_refresh_settings(args.refresh_mode, args.refresh_every, lag)
     except ValueError as error:
-        print(f"openrealm train pretrain: {error} (--refresh-mode, --refresh-every, --refresh-lag)", file=sys.stderr)
+        print(f"openrealm: error: {error} (--refresh-mode, --refresh-every, --refresh-lag)", file=sys.stderr)
         return 2
     state = distributed_state()
     world = state.num_processes

@@ -8,12 +8,12 @@ Hub with a model card whose metadata carries the evaluation results (`model-inde
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from openrealm.configuration_realm import read_json_object
 from openrealm.file_utils import write_text_atomic
 from openrealm.hub_cards.model_card import open_qa_model_card
 from openrealm.hub_cards.space_app import write_space_app
@@ -41,7 +41,7 @@ def check_open_qa_folder(folder: str | os.PathLike) -> dict:
             f"{folder} is not a complete RealmForOpenQA folder: missing {', '.join(missing)} (save it with "
             "RealmForOpenQA.save_pretrained on a model that has its retriever, e.g. the output of openrealm train openqa)"
         )
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json_object(folder / "config.json")
     if "RealmForOpenQA" not in (config.get("architectures") or []):
         raise ValueError(f"{folder} holds {config.get('architectures')}, not a RealmForOpenQA model")
     return config
@@ -77,7 +77,7 @@ def push_open_qa_model(
     if training_summary is None and (Path(folder) / OPENQA_SUMMARY_NAME).is_file():
         training_summary = Path(folder) / OPENQA_SUMMARY_NAME
     evaluations = [read_results(path) for path in eval_results]
-    summary = json.loads(Path(training_summary).read_text()) if training_summary else None
+    summary = read_json_object(training_summary) if training_summary else None
     card = open_qa_model_card(
         evaluations,
         model_name=repo_id,

@@ -23,6 +23,7 @@ from transformers import AutoConfig, set_seed
 from transformers.utils import logging
 
 from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
+from openrealm.configuration_realm import CONFIG_NAME, check_config_file, read_json_object
 from openrealm.file_utils import atomic_directory
 from openrealm.modeling_realm import BERT_CONFIG_FIELDS, expected_load_changes, kept_beside_model
 
@@ -32,6 +33,8 @@ logger = logging.get_logger(__name__)
 EMBEDDER_INSIDE = {"RealmScorer": "embedder.", "RealmForOpenQA": "embedder.", "IctModel": "embedder."}
 ENCODER_INSIDE = {"RealmForOpenQA": "reader."}
 # Fields of the towers' configs that must agree: RealmForOpenQA holds one config for its embedder and reader.
+# The JSON files of a tokenizer saved beside a model (read by AutoTokenizer, whose errors name no file).
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ARCHITECTURE_FIELDS = tuple(name for name in BERT_CONFIG_FIELDS if not name.endswith("dropout_prob"))
 
 
@@ -60,11 +63,18 @@ def looks_like_local_path(name: str) -> bool:
 
 def check_model_folder(name: str, flag: str = "--model") -> None:
     """FileNotFoundError "no such folder" for a model named by a local path that does not exist (transformers would
-    call it a malformed Hub repo id); NotADirectoryError for a file. A Hub id (`name`, `owner/name`) passes."""
+    call it a malformed Hub repo id); NotADirectoryError for a file; a ValueError naming the file and the line or
+    field for a tokenizer file that is not a JSON object or a config.json that no model can be built from
+    (check_config_file). A Hub id (`name`, `owner/name`) passes."""
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
             raise NotADirectoryError(f"{flag} {name}: not a folder")
+        for name in TOKENIZER_JSON_FILES:
+            if (path / name).is_file():
+                read_json_object(path / name)
+        if (path / CONFIG_NAME).is_file():
+            check_config_file(path / CONFIG_NAME)
         return
     if looks_like_local_path(name):
         raise FileNotFoundError(f"{flag} {name}: no such folder")
@@ -221,15 +231,12 @@ def check_same_architecture(embedder: torch.nn.Module, encoder: torch.nn.Module)
 
 def check_corpus_ids(blocks, model: torch.nn.Module, corpus_dir: str | os.PathLike, name: str) -> None:
     """Every wordpiece id of the corpus blocks is a row of the model's embedding table (the same vocabulary)."""
-    import pyarrow.compute as pc
+    from openrealm.tokenization.corpus import token_id_range
 
-    table = blocks.data.table if hasattr(blocks, "data") else blocks
-    largest = max(
-        (pc.max(pc.list_flatten(table.column(column))).as_py() or 0) for column in ("title_ids", "token_ids")
-    )
-    if largest >= model.config.vocab_size:
+    id_range = token_id_range(blocks)
+    if id_range is not None and id_range[1] >= model.config.vocab_size:
         raise ValueError(
-            f"corpus {corpus_dir} holds wordpiece id {largest} but {name} has a vocabulary of "
+            f"corpus {corpus_dir} holds wordpiece id {id_range[1]} but {name} has a vocabulary of "
             f"{model.config.vocab_size}: the corpus was tokenized with another vocabulary"
         )
 
