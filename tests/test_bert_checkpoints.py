@@ -230,7 +230,9 @@ def test_a_command_given_a_checkpoint_without_bert_weights_stops_naming_it(comma
     from datasets import Dataset
 
     tokenizer = fixture_tokenizer()
-    build_corpus(Dataset.from_list([{"title": "A", "text": "It rained in May 1900."}]), tmp_path / "corpus", tokenizer)
+    # enough blocks of several sentences that neither ICT nor pre-training refuses the corpus before the checkpoint
+    articles = [{"title": f"A{i}", "text": f"It rained in May 19{i}0. The river rose."} for i in range(10)]
+    build_corpus(Dataset.from_list(articles), tmp_path / "corpus", tokenizer)
     argv = [part.format(bad=bad) for part in command]
     argv += ["--corpus", str(tmp_path / "corpus"), "--output", str(tmp_path / "out")]
     assert main(argv) == 1
