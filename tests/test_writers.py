@@ -4,6 +4,7 @@ destination reached through a symbolic link is written where the link points (do
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import fixture_folder
+from conftest import fixture_folder, make_openqa_model
 from test_corpus_edit import FACT, write_jsonl
+from test_ict import TINY
 from test_index_builder import TEXTS, tiny_embedder, write_corpus
 
 import openrealm
@@ -253,3 +255,95 @@ def test_a_text_file_written_through_a_link_keeps_the_link(tmp_path):
     write_text_atomic(tmp_path / "latest.json", "new")
     assert (tmp_path / "latest.json").is_symlink()
     assert (tmp_path / "results.json").read_text() == "new"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Outputs that overlap inputs: refused before anything runs, the inputs left as they were
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def paths(tmp_path) -> dict[str, Path]:
+    """A corpus, an open-QA model, an embedder and a questions file, as local inputs of the jobs."""
+    model = make_openqa_model(seed=0)
+    model.save_pretrained(tmp_path / "model")
+    tiny_embedder().save_pretrained(tmp_path / "embedder")
+    questions = [{"question": "where does the nile flow ?", "answers": ["egypt"]}]
+    return {
+        "corpus": write_corpus(tmp_path / "corpus"),
+        "model": tmp_path / "model",
+        "embedder": tmp_path / "embedder",
+        "questions": Path(write_jsonl(tmp_path / "questions.jsonl", questions)),
+        "articles": Path(write_jsonl(tmp_path / "articles.jsonl", [FACT])),
+    }
+
+
+TRAIN = f"--max-steps 1 --batch-size 2 --config-overrides {TINY} --quiet"
+PRETRAIN = f"--embedder random --encoder random --refresh-every 100 --refresh-mode off --spans random_token {TRAIN}"
+# case: (the command, with {name} standing for the paths of the fixture, the input it must leave as it was)
+OVERLAPS = {
+    "ict into its corpus": (
+        "train ict --corpus {corpus} --init random --output {corpus} --overwrite " + TRAIN,
+        "corpus",
+    ),
+    "ict inside its corpus": ("train ict --corpus {corpus} --init random --output {corpus}/ict " + TRAIN, "corpus"),
+    "ict around its init": (
+        "train ict --corpus {corpus} --init {embedder}/checkpoint-5 --output {embedder} --overwrite " + TRAIN,
+        "embedder",
+    ),
+    "mlm into its corpus": (
+        "train mlm --corpus {corpus} --init random --output {corpus} --overwrite " + TRAIN,
+        "corpus",
+    ),
+    "pretrain into its corpus": ("train pretrain --corpus {corpus} --output {corpus} " + PRETRAIN, "corpus"),
+    "pretrain index root in its corpus": (
+        "train pretrain --corpus {corpus} --output {model}-run --index-root {corpus}/index " + PRETRAIN,
+        "corpus",
+    ),
+    "openqa into its model": (
+        "train openqa --model {model} --train {questions} --output {model} --max-steps 1 --quiet",
+        "model",
+    ),
+    "versioned index into its corpus": (
+        "index build --embedder {embedder} --corpus {corpus} --output {corpus} --quiet",
+        "corpus",
+    ),
+    "evaluate into its model": (
+        "evaluate --model {model} --dataset {questions} --output {model}/config.json --quiet",
+        "model",
+    ),
+    "corpus build over its tokenizer": (
+        "corpus build --input {articles} --tokenizer {corpus} --output {corpus} --overwrite --quiet",
+        "corpus",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", OVERLAPS)
+def test_every_job_refuses_an_output_that_is_holds_or_lies_inside_an_input(case, paths, capsys):
+    command, victim = OVERLAPS[case]
+    if case == "ict around its init":
+        shutil.copytree(paths["embedder"], paths["embedder"] / "checkpoint-5")
+    before = files_under(paths[victim])
+    assert main(command.format(**paths).split()) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "apart from what the job reads" in error[0]
+    assert files_under(paths[victim]) == before
+    assert not (paths["model"].parent / "model-run").exists()
+
+
+def test_a_plain_index_may_still_go_into_its_corpus_folder(paths):
+    corpus = paths["corpus"]
+    argv = ["index", "build", "--embedder", str(paths["embedder"]), "--corpus", str(corpus), "--output",
+            str(corpus / "block_index"), "--layout", "plain", "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    assert RealmRetriever.from_pretrained(corpus).index.num_blocks == len(TEXTS)
+
+
+def test_world_refuses_a_tokenizer_output_that_would_replace_the_world(tmp_path, capsys):
+    world = tmp_path / "world"
+    argv = ["world", "--output", str(world), "--tokenizer-output", str(world), "--num-people", "4", "--overwrite",
+            "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    assert "apart from" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []

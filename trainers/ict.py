@@ -20,7 +20,7 @@ import argparse
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
+from openrealm.file_utils import check_apart
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.index_builder import embed_blocks, leave_process_group
 from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE, train_ict
@@ -528,9 +529,11 @@ def summary_line(trainer, summary: dict) -> str:
     return ", ".join(parts)
 
 
-def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool) -> None:
-    """Refuse to train into a non-empty OUTPUT unless resuming or overwriting; --overwrite removes the old
+def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool, inputs: Iterable = ()) -> None:
+    """Refuse an OUTPUT that is, holds or lies inside one of `inputs` ((flag, path) pairs: the corpus, the model it
+    starts from...), and a non-empty OUTPUT unless resuming or overwriting; --overwrite removes the old
     checkpoint-* folders (Trainer's rotation would otherwise count them as this run's)."""
+    check_apart(output, inputs, "--output")
     path = Path(output)
     if resume or not path.is_dir() or not any(path.iterdir()):
         return
@@ -565,7 +568,8 @@ def run(args: argparse.Namespace) -> int:
     """`openrealm train ict`: train, save the embedder in args.output, optionally evaluate and push."""
     from transformers import AutoTokenizer
 
-    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None)
+    inputs = [("--corpus", args.corpus), ("--init", args.init), ("--tokenizer", args.tokenizer)]
+    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
     blocks = load_blocks(args.corpus).select_columns(list(CORPUS_COLUMNS))
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
     embedder = load_embedder(args.init, tokenizer, parse_config_overrides(args.config_overrides), args.seed, "--init")
