@@ -347,3 +347,14 @@ def test_world_refuses_a_tokenizer_output_that_would_replace_the_world(tmp_path,
     assert main(argv) == 2
     assert "apart from" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def test_quickstart_overwrite_refuses_the_working_directory_and_leaves_it_intact(tmp_path, monkeypatch):
+    from openrealm.trainers import quickstart
+
+    monkeypatch.setattr(quickstart, "share_cpu_cores", lambda: pytest.fail("the quickstart started"))
+    (tmp_path / "notes.txt").write_text("my work")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="working directory"):
+        quickstart.quickstart(".", overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "my work"
