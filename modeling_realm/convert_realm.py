@@ -15,11 +15,11 @@ from transformers import AutoTokenizer
 from .configuration_realm import RealmConfig
 from .file_utils import atomic_directory, check_replaceable, path_within
 from .index_realm import RealmBlockIndex
-from .modeling_realm import REALM_MODEL_CLASSES
+from .modeling_realm import REALM_MODEL_CLASSES, kept_beside_model
 
 MODEL_CLASSES = {cls.__name__: cls for cls in REALM_MODEL_CLASSES}
 # A folder `convert_legacy_folder` wrote: config.json of model_type "realm" beside safetensors weights (and the custom
-# code). Only such a folder, or an empty one, is replaced with overwrite=True.
+# code). Only such a folder, or an empty one, is updated with overwrite=True.
 CONVERTED_WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json")
 CONVERTED_CODE_NAME = "modeling_realm.py"
 
@@ -57,9 +57,12 @@ def convert_legacy_folder(
 
     The model class comes from config.architectures. For an open-QA folder, `index_type` / `index_params` choose
     the MIPS index built over the legacy block embeddings (default: exact, as the 4.x port searched). An existing
-    destination is refused unless `overwrite`, in which case it is replaced only once the new folder is complete, and
-    only when it is empty or a folder this function converted earlier (see `converted_folder_problem`); a destination
-    that is, holds or lies inside a local source, or holds the working directory, is refused.
+    destination is refused unless `overwrite`, and then only when it is empty or a folder this function converted
+    earlier (see `converted_folder_problem`): it is updated as any save into an existing folder is
+    (docs/guarantees.md), all at once once the new files are complete: weights, config, index and records replaced
+    (old shards and an old index dropped), everything a conversion does not write kept (a model card, `.git` of a
+    clone of the Hub repository, checkpoints). A destination that is, holds or lies inside a local source, or holds
+    the working directory, is refused.
     """
     if os.path.exists(os.fspath(source)):
         if path_within(source, destination) or path_within(destination, source):
@@ -80,7 +83,7 @@ def convert_legacy_folder(
     if retriever is not None and index_type != "exact":
         retriever.swap_index(RealmBlockIndex.build(retriever.index.block_emb, index_type=index_type, **index_params))
 
-    with atomic_directory(destination, overwrite=overwrite, replaceable=converted_folder_problem) as staging:
+    with atomic_directory(destination, overwrite, converted_folder_problem, keep=kept_beside_model) as staging:
         model.save_pretrained(staging)
         if retriever is None:
             AutoTokenizer.from_pretrained(source).save_pretrained(staging)

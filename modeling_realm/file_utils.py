@@ -1,6 +1,7 @@
 """Atomic writes of whole folders and of single text files: nothing half-written is ever visible under the final name,
 and what is written gets the permissions the user's umask gives (not the private 0700 / 0600 of tempfile.mkdtemp and
-some writers)."""
+some writers). Writers of one folder take turns (writer_lock); a destination reached through a symbolic link is
+written where the link points, and the link stays (real_destination)."""
 
 import contextlib
 import ctypes
@@ -13,8 +14,14 @@ import shutil
 import socket
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: writers are not serialised (see writer_lock)
+    fcntl = None
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +64,9 @@ def apply_umask_modes(path: str | os.PathLike) -> None:
 def write_text_atomic(path: str | os.PathLike, text: str) -> str:
     """Write `text` (UTF-8) to `path` through a temporary file beside it, then rename: a reader sees the old file or
     the whole new one, never a part, even after a power cut (flushed to disk before the rename). The file gets the
-    umask's mode; the parent folder must exist. Returns the path."""
-    path = os.path.abspath(os.fspath(path))
+    umask's mode; the parent folder must exist. A `path` that is a symbolic link stays one: the file it points to is
+    replaced. Returns the path."""
+    path = real_destination(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}-", dir=os.path.dirname(path))
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
@@ -121,29 +129,65 @@ def path_within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+# What a job reads, as check_apart takes it: paths, or (name for messages, path) pairs; None entries are skipped.
+Inputs = Iterable[str | os.PathLike | tuple[str, str | os.PathLike | None] | None]
+
+
+def real_destination(destination: str | os.PathLike) -> str:
+    """The absolute path a write of `destination` goes to: every symbolic link on the way resolved, the last component
+    included. A new version is staged beside the real folder (same file system) and exchanged there, so a link (e.g.
+    to a corpus kept on another disk) stays a link to the new version instead of being replaced by a folder."""
+    return os.path.realpath(os.path.abspath(os.fspath(destination)))
+
+
+def check_apart(
+    output: str | os.PathLike,
+    inputs: Inputs,
+    output_name: str = "",
+    why: str = "the job writes",
+    existing_only: bool = True,
+) -> None:
+    """Raise ValueError when `output` (what a job writes) is, holds or lies inside one of `inputs` (what it reads),
+    compared as real paths: replacing an output would delete an input inside it, and writing into an input changes
+    it. inputs: paths, or (name, path) pairs that name them in the message (e.g. ("--corpus", path)); None is
+    skipped, and so is a path that does not exist unless not existing_only (a Hub repo id is no local path).
+    output_name names the output in the message (e.g. "--output")."""
+    for item in inputs:
+        name, path = item if isinstance(item, tuple) else ("the input", item)
+        if path is None or (existing_only and not os.path.lexists(path)):
+            continue
+        if path_within(path, output):
+            relation = "is" if os.path.realpath(path) == os.path.realpath(output) else "lies inside"
+        elif path_within(output, path):
+            relation = "holds"
+        else:
+            continue
+        where = f"{output_name} {os.fspath(output)}" if output_name else os.fspath(output)
+        raise ValueError(
+            f"{name} {os.fspath(path)} {relation} {where}, which {why}: choose {output_name or 'an output'} apart "
+            "from what the job reads."
+        )
+
+
 def check_replaceable(
     destination: str | os.PathLike,
     overwrite: bool = False,
     replaceable: Callable[[str], str | None] | None = None,
-    inputs: Iterable[str | os.PathLike] = (),
+    inputs: Inputs = (),
 ) -> None:
-    """Raise unless atomic_directory(destination, overwrite, replaceable) may write `destination`: an existing one
-    only with overwrite, never one that is or holds the working directory or one of `inputs` (replacing it would
-    delete them), and, when not empty, only one that `replaceable(destination)` accepts (it returns None, else the
-    reason, raised as FileExistsError)."""
-    destination = os.path.abspath(os.fspath(destination))
+    """Raise unless atomic_directory(destination, overwrite, replaceable) may write `destination`: never one that is,
+    holds or lies inside one of `inputs` (check_apart), an existing one only with overwrite, never one that is or
+    holds the working directory (replacing it would delete them), and, when not empty, only one that
+    `replaceable(destination)` accepts (it returns None, else the reason, raised as FileExistsError). A destination
+    reached through symbolic links is checked where they point, where atomic_directory writes."""
+    destination = real_destination(destination)
+    check_apart(destination, inputs, why="replacing would delete")
     if not os.path.lexists(destination):
         return
     if not overwrite:
         raise FileExistsError(f"{destination} already exists; choose another folder or pass overwrite=True.")
     if path_within(os.getcwd(), destination):
         raise ValueError(f"Refusing to replace {destination}: it is or holds the working directory.")
-    for path in inputs:
-        if path_within(path, destination):
-            raise FileExistsError(
-                f"The input {path} lies inside {destination}, which replacing would delete; move the input out or "
-                "choose another folder."
-            )
     if replaceable is not None and not (os.path.isdir(destination) and not os.listdir(destination)):
         reason = replaceable(destination)
         if reason is not None:
@@ -166,6 +210,129 @@ def remove_empty_folders(folders: list[str]) -> None:
     for folder in reversed(folders):
         with contextlib.suppress(OSError):
             os.rmdir(folder)
+
+
+class _HeldLock:
+    """This process's hold of one writer lock: a thread lock (threads of one process take turns, and one thread may
+    take it again inside its own write) around the open lock file that holds the flock."""
+
+    def __init__(self) -> None:
+        self.thread_lock = threading.RLock()
+        self.fd: int | None = None
+        self.depth = 0
+
+
+_HELD_LOCKS: dict[str, _HeldLock] = {}
+_HELD_LOCKS_GUARD = threading.Lock()
+
+
+def _forget_held_locks() -> None:
+    """In a forked child: the parent's holds are not the child's (the child must wait for the parent like any
+    other writer); their inherited file descriptors are closed, which leaves the parent's flocks in place."""
+    global _HELD_LOCKS_GUARD
+    for held in _HELD_LOCKS.values():
+        if held.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(held.fd)
+    _HELD_LOCKS.clear()
+    _HELD_LOCKS_GUARD = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_locks)
+
+
+def lock_path(destination: str | os.PathLike) -> str:
+    """The lock file of writers of `destination`: `.NAME.lock` beside the real folder (inside it, it would leave with
+    the old version at each exchange). It exists only while a writer holds it, or after one was killed."""
+    parent, name = os.path.split(real_destination(destination))
+    return os.path.join(parent, f".{name}.lock")
+
+
+def _take_lock_file(path: str, destination: str) -> int | None:
+    """Open and flock `path` exclusively, waiting for the writer that holds it (said once in the log); returns the
+    descriptor, or None where the file system has no locks. A lock file that its releasing holder unlinked while
+    this process waited on it is not the lock any more: the new one is taken instead."""
+    waited = False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not waited:
+                    holder = os.pread(fd, 100, 0).decode("ascii", "replace").strip() or "unknown"
+                    logger.warning("Waiting for another writer of %s to finish (process %s).", destination, holder)
+                    waited = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+            taken = os.fstat(fd)
+            if current is not None and (current.st_dev, current.st_ino) == (taken.st_dev, taken.st_ino):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode("ascii", "replace"), 0)
+                return fd
+        except OSError as error:
+            os.close(fd)
+            if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL):
+                logger.warning("%s has no file locks: writers of %s are not serialised.", path, destination)
+                return None
+            raise
+        except BaseException:  # e.g. Ctrl-C while waiting
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _drop_lock_file(path: str, fd: int | None) -> None:
+    """Release the lock taken by _take_lock_file, removing the lock file first (no writer is left waiting on it:
+    each re-checks that the file it locked is still the lock)."""
+    if fd is None:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)  # also for a copy of the descriptor a fork may have taken meanwhile
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def writer_lock(destination: str | os.PathLike) -> Iterator[str]:
+    """Hold the lock of writers of the folder (or file) `destination` for the block, waiting until no other writer,
+    in any process or thread, holds it; yields the real destination. Every atomic_directory write takes it, and a
+    read-modify-write (corpus add / remove / update) holds it from the read to the write, so that no writer builds
+    on a version another one is replacing. The same thread may take it again inside the block.
+
+    It is an advisory lock (flock) on a file beside the destination (lock_path): released by the system when its
+    holder dies, also by kill -9, so a killed writer never blocks the next one; on NFS the kernel turns it into an
+    NFS byte-range lock shared by every client. Readers never take it: a folder is replaced in one step, so they see
+    one whole version either way. Where the file system has no locks, a warning says so and writers are not
+    serialised."""
+    destination = real_destination(destination)
+    path = lock_path(destination)
+    with _HELD_LOCKS_GUARD:
+        held = _HELD_LOCKS.setdefault(path, _HeldLock())
+    if not held.thread_lock.acquire(blocking=False):
+        logger.warning("Waiting for another writer of %s to finish (a thread of this process).", destination)
+        held.thread_lock.acquire()
+    try:
+        if held.depth == 0:
+            held.fd = _take_lock_file(path, destination) if fcntl is not None else None
+        held.depth += 1
+        try:
+            yield destination
+        finally:
+            held.depth -= 1
+            if held.depth == 0:
+                fd, held.fd = held.fd, None
+                _drop_lock_file(path, fd)
+    finally:
+        held.thread_lock.release()
 
 
 # Staging and retired folders are named after the destination, this machine and the writing process, so that the
@@ -200,8 +367,9 @@ def clean_leftovers(destination: str | os.PathLike) -> list[str]:
     """Remove what crashed writers of `destination` left beside it (staging folders, a retired old version) and
     return their paths. A retired version is put back first when `destination` itself is missing: a writer that
     died between its two renames (only where one-step exchange is unavailable) loses nothing. Folders of live
-    writers, and of writers on other machines sharing the file system, are left alone."""
-    destination = os.path.abspath(os.fspath(destination))
+    writers, and of writers on other machines sharing the file system, are left alone. Leftovers are looked for beside
+    the real folder, where atomic_directory stages (real_destination)."""
+    destination = real_destination(destination)
     parent, name = os.path.split(destination)
     try:
         entries = sorted(os.listdir(parent))
@@ -332,8 +500,9 @@ def replace_folder(
     aside and the new one into place, and the next atomic_directory write of `destination` (its clean_leftovers)
     repairs a crash between the two. The one case that cannot
     be all-or-nothing is a destination holding the working directory (exchanging it would leave the process in the
-    deleted old version): there each entry replaces its namesake by rename, one at a time."""
-    staging, destination = os.path.abspath(os.fspath(staging)), os.path.abspath(os.fspath(destination))
+    deleted old version): there each entry replaces its namesake by rename, one at a time. A `destination` reached
+    through symbolic links is replaced where they point (real_destination): make `staging` beside that folder."""
+    staging, destination = os.path.abspath(os.fspath(staging)), real_destination(destination)
     if os.path.isdir(destination) and not os.path.islink(destination) and keep is not None:
         for name in os.listdir(destination):
             if not os.path.lexists(os.path.join(staging, name)) and keep(name):
@@ -380,31 +549,35 @@ def atomic_directory(
     overwrite: bool = False,
     replaceable: Callable[[str], str | None] | None = None,
     keep: Callable[[str], bool] | None = None,
-    inputs: Iterable[str | os.PathLike] = (),
+    inputs: Inputs = (),
 ) -> Iterator[str]:
     """Yield a staging folder to fill; on success it gets umask-derived modes and replaces `destination` with
     replace_folder (all at once; entries of the old folder that keep(name) accepts carried over); on failure it
-    vanishes. Leftovers of crashed earlier writes of `destination` are cleaned first.
+    vanishes. The whole write holds writer_lock(destination): a second writer of the folder waits for the first.
+    Leftovers of crashed earlier writes of `destination` are cleaned first. A destination reached through symbolic
+    links is written where they point; the links stay.
 
-    What may be replaced: see check_replaceable, checked before and again after writing (the destination may have
-    appeared meanwhile). With `keep` the destination is updated rather than replaced, and is never refused. A failed
-    write leaves nothing behind, not even the parent folders it created."""
-    destination = os.path.abspath(os.fspath(destination))
-    if keep is None:
-        check_replaceable(destination, overwrite, replaceable, inputs)
-    elif os.path.lexists(destination) and not os.path.isdir(destination):
-        raise NotADirectoryError(f"{destination} exists and is not a folder.")
-    clean_leftovers(destination)
+    What may be written: never a folder that is, holds or lies inside one of `inputs`; else see check_replaceable,
+    checked before and again after writing. With `keep` the destination is updated rather than replaced, and is
+    refused only when `replaceable` is given too (then as check_replaceable says). A failed write leaves nothing
+    behind, not even the parent folders it created."""
+    destination = real_destination(destination)
     created = missing_folders(os.path.dirname(destination))  # made for this write: removed again if it fails
-    staging = staging_folder(destination)
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
     try:
-        yield staging
-        if keep is None:
-            check_replaceable(destination, overwrite, replaceable, inputs)
-        apply_umask_modes(staging)  # mkdtemp makes it private, safetensors' writer 0600
-        replace_folder(staging, destination, keep)
+        with writer_lock(destination):
+            _check_writable(destination, overwrite, replaceable, keep, inputs)
+            clean_leftovers(destination)
+            staging = staging_folder(destination)
+            try:
+                yield staging
+                _check_writable(destination, overwrite, replaceable, keep, inputs)  # changed by another program?
+                apply_umask_modes(staging)  # mkdtemp makes it private, safetensors' writer 0600
+                replace_folder(staging, destination, keep)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
     except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
         remove_empty_folders(created)
         full = full_disk_error(error, destination)
         if full is not None:
@@ -412,11 +585,22 @@ def atomic_directory(
         raise
 
 
+def _check_writable(destination: str, overwrite: bool, replaceable, keep, inputs) -> None:
+    """atomic_directory's refusals: check_replaceable's, or for an update only what it cannot update."""
+    if keep is None or replaceable is not None:
+        check_replaceable(destination, overwrite, replaceable, inputs)
+        return
+    check_apart(destination, inputs, why="replacing would delete")
+    if os.path.lexists(destination) and not os.path.isdir(destination):
+        raise NotADirectoryError(f"{destination} exists and is not a folder.")
+
+
 __all__ = [
     "FileMapping",
     "FullDiskError",
     "apply_umask_modes",
     "atomic_directory",
+    "check_apart",
     "check_replaceable",
     "clean_leftovers",
     "current_umask",
@@ -424,10 +608,13 @@ __all__ = [
     "file_mapping",
     "full_disk_error",
     "link_or_copy",
+    "lock_path",
     "missing_folders",
     "path_within",
+    "real_destination",
     "remove_empty_folders",
     "replace_folder",
     "staging_folder",
     "write_text_atomic",
+    "writer_lock",
 ]

@@ -12,13 +12,13 @@ from openrealm.trainers import cli
 from openrealm.trainers.cli import main
 
 
-def test_convert_writes_the_new_layout_and_overwrite_replaces_it(tmp_path, capsys):
+def test_convert_writes_the_new_layout_and_overwrite_replaces_its_model_files(tmp_path, capsys):
     destination = tmp_path / "converted"
     assert main(["convert", str(fixture_folder("openqa", "hub")), str(destination)]) == 0
     assert (destination / "block_records.safetensors").is_file()
-    (destination / "stale-file").write_text("from an earlier run")
+    (destination / "model-00002-of-00002.safetensors").write_bytes(b"a shard of an earlier run")
     assert main(["convert", str(fixture_folder("openqa", "hub")), str(destination), "--overwrite"]) == 0
-    assert not (destination / "stale-file").exists()
+    assert not (destination / "model-00002-of-00002.safetensors").exists()
     assert "Converted" in capsys.readouterr().out
 
 

@@ -1,5 +1,6 @@
-"""Nothing lost, nothing half-written: `convert --overwrite` replaces only a folder it wrote, saved folders get the
-user's umask (not mkdtemp's private modes), and an unwritable legacy cache is named with the way out."""
+"""Nothing lost, nothing half-written: `convert --overwrite` updates only a folder it wrote, keeping what it does not
+write; saved folders get the user's umask (not mkdtemp's private modes), and an unwritable legacy cache is named with
+the way out."""
 
 import errno
 import json
@@ -91,15 +92,24 @@ def test_convert_overwrite_refuses_a_realm_config_without_converted_weights(tmp_
     assert sorted(os.listdir(destination)) == sorted(os.listdir(LEGACY))
 
 
-def test_convert_overwrite_replaces_a_previously_converted_folder(tmp_path):
-    destination = tmp_path / "converted"
+def test_convert_overwrite_keeps_the_card_git_and_checkpoints_and_drops_old_weights(tmp_path):
+    """A clone of the Hub repository converted into again: as any save into an existing folder (docs/guarantees.md)."""
+    destination = tmp_path / "clone"
     openrealm.convert_legacy_folder(LEGACY, destination)
-    (destination / "stale-file").write_text("from an earlier run")
-    openrealm.convert_legacy_folder(LEGACY, destination, overwrite=True)
-    assert not (destination / "stale-file").exists()
+    (destination / "README.md").write_text("my model card")
+    (destination / ".git").mkdir()
+    (destination / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (destination / "checkpoint-5").mkdir()
+    (destination / "checkpoint-5" / "trainer_state.json").write_text("{}")
+    (destination / "model-00002-of-00002.safetensors").write_bytes(b"an old shard")
+    assert main(["convert", str(LEGACY), str(destination), "--overwrite"]) == 0
+    assert (destination / "README.md").read_text() == "my model card"
+    assert (destination / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    assert (destination / "checkpoint-5" / "trainer_state.json").read_text() == "{}"
+    assert not (destination / "model-00002-of-00002.safetensors").exists()
     assert json.loads((destination / "config.json").read_text())["model_type"] == "realm"
     assert (destination / "model.safetensors").is_file()
-    assert sorted(os.listdir(tmp_path)) == ["converted"]  # the old folder and the staging folder are gone
+    assert sorted(os.listdir(tmp_path)) == ["clone"]  # the old folder and the staging folder are gone
 
 
 def test_convert_overwrite_fills_an_empty_folder(tmp_path):

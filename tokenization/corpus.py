@@ -628,7 +628,7 @@ def build_corpus(
     progress: show the packing bar (True) or not (False) whatever datasets' progress-bar setting; None follows it.
     overwrite: replace an existing corpus at output_dir (only once the new one is complete). Refused when that would
         delete anything a build did not write: a folder that is not a corpus (unless empty), a corpus folder holding
-        other files, or an input file inside output_dir.
+        other files. An output_dir that is, holds or lies inside an input file or the tokenizer's folder is refused.
     page_filter: drop "List of …", "Index of …", "Outline of …" and "(disambiguation)" pages, as Google did.
     html_unescape: `html.unescape` the article text (not the title), as Google did for WikiExtractor output.
     language: sentencex language code.
@@ -642,6 +642,8 @@ def build_corpus(
 
     output_dir = os.path.abspath(os.fspath(output_dir))
     inputs = [] if isinstance(source, Dataset) else _source_paths(source)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        inputs.append(("the tokenizer", os.fspath(tokenizer)))  # a folder replacing would delete (not a Hub name)
     check_replaceable(output_dir, overwrite, _corpus_folder_problem, inputs)  # before any (long) work
     tokenizer, tokenizer_name = resolve_tokenizer(tokenizer)
     builder = BlockBuilder(tokenizer, max_block_length, span_annotator, page_filter, html_unescape, language)

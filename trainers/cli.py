@@ -155,9 +155,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     convert = commands.add_parser("convert", help="convert a transformers 4.x REALM folder to the OpenREALM layout")
     convert.add_argument("source", help="4.x folder or Hub repo id (e.g. google/realm-orqa-nq-openqa)")
-    convert.add_argument("destination", help="new folder to write (must not exist)")
+    convert.add_argument("destination", help="new folder to write (must not exist unless --overwrite)")
     convert.add_argument("--index-type", default="exact", help="MIPS index over the block embeddings (default exact)")
-    convert.add_argument("--overwrite", action="store_true", help="replace DESTINATION if it exists")
+    convert.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="update DESTINATION, a folder convert wrote (or an empty one): its model files are replaced, other "
+        "entries (README.md, .git, checkpoints) kept",
+    )
     convert.set_defaults(handler=run_convert)
 
     ask = commands.add_parser("ask", help="answer questions with a REALM open-QA model")

@@ -13,7 +13,10 @@ keep their rows and records, so every other id, and the provenance of past answe
 them again, and every index built later from the corpus leaves them out.
 
 Each command writes one new version of DIR, all at once: staged beside it and swapped in (file_utils.atomic_directory),
-so a kill -9 leaves the previous version whole and loadable, and running the command again completes the change.
+so a kill -9 leaves the previous version whole and loadable, and running the command again completes the change. It
+holds DIR's writer lock (file_utils.writer_lock) from reading the version it changes to writing the next: commands
+started together on one DIR take turns, each changing the version the previous one wrote. A DIR whose files disagree
+(blocks, records, index and corpus_config.json of different sizes) is refused, never extended.
 Running `add` twice is refused (the titles are already there; `update` replaces them). A model or pipeline serving
 from DIR picks the new version up between requests (RealmRetriever.reload_if_updated); a pre-training run whose
 corpus is DIR embeds the whole new version at its next index refresh. An approximate index (ivf, hnsw, pq, ivfpq)
@@ -24,10 +27,12 @@ then says it needs a rebuild (`openrealm index build`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +40,7 @@ import pyarrow as pa
 import torch
 
 from openrealm import RealmRetriever
-from openrealm.file_utils import atomic_directory, link_or_copy
+from openrealm.file_utils import atomic_directory, link_or_copy, writer_lock
 from openrealm.retrieval_realm import BLOCK_INDEX_DIR, BLOCK_RECORDS_NAME
 from openrealm.tokenization.corpus import (
     BLOCKS_DIR,
@@ -63,6 +68,18 @@ from openrealm.trainers.towers import load_embedder
 _REWRITTEN = frozenset({BLOCKS_DIR, CONFIG_NAME, REMOVED_IDS_NAME, BLOCK_RECORDS_NAME, BLOCK_INDEX_DIR})
 
 
+def _holding_writer_lock(edit: Callable[..., dict]) -> Callable[..., dict]:
+    """edit(folder, ...) run while holding folder's writer lock (file_utils.writer_lock), from its read to its write."""
+
+    @functools.wraps(edit)
+    def locked(folder: str | os.PathLike, *args, **kwargs) -> dict:
+        with writer_lock(folder):
+            return edit(folder, *args, **kwargs)
+
+    return locked
+
+
+@_holding_writer_lock
 def edit_corpus(
     folder: str | os.PathLike,
     *,
@@ -88,11 +105,15 @@ def edit_corpus(
     deduplicate: drop the new blocks that duplicate an earlier one (the same title and text; corpus.duplicate_rows);
     None: as the corpus was built (corpus_config.json), on for other folders. The summary's num_duplicates counts
     those found, and a corpus folder's config the duplicates its live blocks hold afterwards.
+
+    The whole edit holds the folder's writer lock: an edit started meanwhile waits, then changes this one's version.
     """
     folder = os.path.abspath(os.fspath(folder))
     is_corpus = os.path.isfile(os.path.join(folder, CONFIG_NAME))
     config = read_corpus_config(folder) if is_corpus else None
-    retriever = RealmRetriever.from_pretrained(folder)
+    if is_corpus:
+        load_corpus(folder)  # refuses blocks/, records and corpus_config.json that disagree
+    retriever = RealmRetriever.from_pretrained(folder)  # refuses records and an index that disagree
     if not is_corpus and not retriever.has_index:
         raise ValueError(f"{folder} has block records but no {BLOCK_INDEX_DIR}/: nothing to add blocks to")
     removed_before = read_removed_block_ids(folder) if is_corpus else retriever.index.removed_ids.numpy()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from openrealm.file_utils import write_text_atomic
+from openrealm.file_utils import check_apart, write_text_atomic
 from openrealm.tokenization.corpus import iter_jsonl, json_type
 from openrealm.trainers.options import DEFAULT_RECALL_KS
 from openrealm.trainers.options import evaluate as evaluate_options
@@ -402,14 +402,16 @@ def read_results(path: str | os.PathLike) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def check_output(output: str, dataset: str, split: str | None) -> None:
-    """Refuse a results path that is the dataset file itself (after resolving the paths) or an existing folder."""
+def check_output(output: str, dataset: str, split: str | None, model: str | None = None) -> None:
+    """Refuse a results path that is the dataset file itself (after resolving the paths), an existing folder, or one
+    inside the model or dataset folder (it would replace a file the model or another split is read from)."""
     target = Path(output).expanduser()
     if target.is_dir():
         raise IsADirectoryError(f"--output {output} is a folder; give the results JSON file to write")
     local = _local_file(str(dataset), split)
     if local is not None and target.resolve() == local.resolve():
         raise ValueError(f"--output {output} is the dataset file {local}; writing the results would replace it")
+    check_apart(target, [("--model", model), ("--dataset", dataset)], "--output")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -419,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size), ("--num-blocks", args.num_blocks)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be a positive integer, got {value}")
-    check_output(args.output, args.dataset, args.split)  # before anything runs: nothing to lose, no time wasted
+    check_output(args.output, args.dataset, args.split, args.model)  # before anything runs: nothing lost or wasted
     check_model_folder(str(args.model))
     dataset = load_qa_dataset(args.dataset, split=args.split)
     if args.limit is not None:

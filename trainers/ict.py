@@ -20,7 +20,7 @@ import argparse
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
+from openrealm.file_utils import check_apart
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
@@ -563,10 +564,12 @@ def summary_line(trainer, summary: dict) -> str:
     return ", ".join(parts)
 
 
-def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool) -> None:
-    """Refuse to train into a non-empty OUTPUT unless resuming or overwriting; --overwrite removes the old
+def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool, inputs: Iterable = ()) -> None:
+    """Refuse an OUTPUT that is, holds or lies inside one of `inputs` ((flag, path) pairs: the corpus, the model it
+    starts from...), and a non-empty OUTPUT unless resuming or overwriting; --overwrite removes the old
     checkpoint-* folders (Trainer's rotation would otherwise count them as this run's). The staging folders of
     checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty."""
+    check_apart(output, inputs, "--output")
     path = Path(output)
     main = int(os.environ.get("RANK", "0")) == 0
     if main:
@@ -604,7 +607,8 @@ def run(args: argparse.Namespace) -> int:
     """`openrealm train ict`: train, save the embedder in args.output, optionally evaluate and push."""
     from transformers import AutoTokenizer
 
-    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None)
+    inputs = [("--corpus", args.corpus), ("--init", args.init), ("--tokenizer", args.tokenizer)]
+    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
     blocks = load_blocks(args.corpus).select_columns(list(CORPUS_COLUMNS))
     # Before the model loads: a corpus of one-sentence blocks trains (nearly) nothing at Google's mask rate.
     refusal, warning = check_dropped(

@@ -49,13 +49,14 @@ import numpy as np
 import torch
 
 from openrealm import RealmBlockIndex, ShardedBlockIndex
-from openrealm.file_utils import atomic_directory, write_text_atomic
+from openrealm.file_utils import atomic_directory, check_apart, write_text_atomic, writer_lock
 from openrealm.index_realm import (
     resolve_index_params,
     save_block_emb_shard,
     shard_file_name,
     write_sharded_index,
 )
+from openrealm.retrieval_realm import BLOCK_INDEX_DIR
 from openrealm.tokenization.corpus import (
     batch_retriever_inputs,
     load_corpus,
@@ -667,7 +668,17 @@ def run(args: argparse.Namespace) -> int:
         _check_num_shards(args.num_shards, state.num_processes, args.index_type, args.layout)
     except ValueError as error:
         raise ValueError(f"--num-shards {args.num_shards}: {error}") from None
-    index = _build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
+    # The one output inside an input: a plain index at CORPUS/block_index, where RealmRetriever.from_pretrained(CORPUS)
+    # finds it (docs/corpus.md). Writing it changes the corpus folder: the build holds the corpus's writer lock, so
+    # that a `corpus add` waits for it, or it for the add, instead of one replacing the other's blocks or index.
+    own_index = args.layout == "plain" and os.path.realpath(args.output) == os.path.realpath(
+        Path(args.corpus, BLOCK_INDEX_DIR)
+    )
+    check_apart(
+        args.output, [None if own_index else ("--corpus", args.corpus), ("--embedder", args.embedder)], "--output"
+    )
+    with writer_lock(args.corpus) if own_index and state.is_main_process else nullcontext():
+        index = _build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
     if state.is_main_process:
         where = Path(args.output).absolute()
         if args.layout == "versioned":

@@ -188,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
     """`openrealm train mlm`: measure, train, measure again, save the encoder (and mlm_training.json) in args.output."""
     from transformers import AutoTokenizer
 
-    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None)
+    inputs = [("--corpus", args.corpus), ("--init", args.init), ("--tokenizer", args.tokenizer)]
+    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
     blocks = load_corpus(args.corpus).select_columns(["block_id", "title_ids", "token_ids"])
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
     encoder = load_encoder(

@@ -41,7 +41,7 @@ import torch
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
-from openrealm.file_utils import atomic_directory
+from openrealm.file_utils import atomic_directory, check_apart
 from openrealm.modeling_realm import kept_beside_model
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
@@ -504,6 +504,10 @@ def run(args: argparse.Namespace) -> int:
     from transformers import set_seed
 
     set_seed(args.seed)
+    inputs = [("--model", args.model), ("--embedder", args.embedder), ("--encoder", args.encoder),
+              ("--corpus", args.corpus), ("--index", args.index), ("--train", args.train), ("--dev", args.dev),
+              ("--gold-passages", args.gold_passages)]  # fmt: skip
+    check_apart(args.output, inputs, "--output")
     # The data first: a bad line is reported before the model loads, and before anything is written.
     gold_passages = read_gold_passages(args.gold_passages) if args.gold_passages else None
     train_dataset = load_qa_dataset(args.train, split=args.train_split)

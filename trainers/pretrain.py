@@ -72,7 +72,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
-from openrealm.file_utils import atomic_directory, write_text_atomic
+from openrealm.file_utils import atomic_directory, check_apart, write_text_atomic
 from openrealm.hub_cards.model_card import realm_model_card
 from openrealm.tokenization.corpus import (
     count_duplicate_blocks,
@@ -613,6 +613,10 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     OUTPUT/pretraining.json."""
     from transformers import AutoTokenizer
 
+    inputs = [("--corpus", args.corpus), ("--embedder", args.embedder), ("--encoder", args.encoder),
+              ("--tokenizer", args.tokenizer), ("--index", args.index)]  # fmt: skip
+    check_apart(args.output, inputs, "--output")  # before anything loads
+    check_apart(args.index_root or Path(args.output) / "index", inputs, "--index-root")
     lag = getattr(args, "refresh_lag", None)
     try:  # before any index is built
         check_refresh_settings(args.refresh_mode, args.refresh_every, lag)

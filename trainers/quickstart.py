@@ -47,6 +47,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from openrealm.file_utils import check_replaceable
 from openrealm.trainers import options
 
 OUTPUT_DEFAULT = "realm-quickstart"
@@ -602,6 +603,7 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
     if output.exists() and any(output.iterdir()):
         if not overwrite:
             raise FileExistsError(f"{output} is not empty: pass --overwrite to replace it, or choose another --output")
+        check_replaceable(output, overwrite=True)  # never the working directory or a folder holding it
         shutil.rmtree(output)
     output.mkdir(parents=True, exist_ok=True)
     share_cpu_cores()

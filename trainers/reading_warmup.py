@@ -200,10 +200,13 @@ def run(args: argparse.Namespace) -> Path:
     """Warm up the encoder and save it (with its tokenizer and reading_warmup.json) into args.output."""
     from transformers import AutoTokenizer
 
+    from openrealm.file_utils import check_apart
     from openrealm.trainers.ict import parse_config_overrides
     from openrealm.trainers.synthetic_world import World
     from openrealm.trainers.towers import load_encoder, save_tower
 
+    inputs = [("--world", args.world), ("--corpus", args.corpus), ("--encoder", args.encoder)]
+    check_apart(args.output, inputs, "--output")
     tokenizer = AutoTokenizer.from_pretrained(args.corpus)
     data = FactPairs(World.read(args.world), tokenizer, args.irrelevant)
     encoder = load_encoder(  # this stage trains the MLM head

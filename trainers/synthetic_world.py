@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from openrealm.file_utils import atomic_directory
+from openrealm.file_utils import atomic_directory, check_apart
 from openrealm.trainers.options import output_options
 
 FORMAT = "openrealm.synthetic_world"
@@ -616,6 +616,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tokenizer_output:  # before anything is written: the vocabulary must not replace or land in the world
+        check_apart(args.tokenizer_output, [("--output", args.output)], "--tokenizer-output", existing_only=False)
     world = generate_world(
         seed=args.seed,
         num_people=args.num_people,
