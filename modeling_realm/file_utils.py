@@ -146,17 +146,19 @@ def check_apart(
     output_name: str = "",
     why: str = "the job writes",
     existing_only: bool = True,
+    inputs_inside: bool = False,
 ) -> None:
     """Raise ValueError when `output` (what a job writes) is, holds or lies inside one of `inputs` (what it reads),
     compared as real paths: replacing an output would delete an input inside it, and writing into an input changes
     it. inputs: paths, or (name, path) pairs that name them in the message (e.g. ("--corpus", path)); None is
     skipped, and so is a path that does not exist unless not existing_only (a Hub repo id is no local path).
-    output_name names the output in the message (e.g. "--output")."""
+    output_name names the output in the message (e.g. "--output"). inputs_inside: an input may lie inside output (a
+    folder the job adds to without replacing it); only one holding output is refused."""
     for item in inputs:
         name, path = item if isinstance(item, tuple) else ("the input", item)
         if path is None or (existing_only and not os.path.lexists(path)):
             continue
-        if path_within(path, output):
+        if path_within(path, output) and not inputs_inside:
             relation = "is" if os.path.realpath(path) == os.path.realpath(output) else "lies inside"
         elif path_within(output, path):
             relation = "holds"

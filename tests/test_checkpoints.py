@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import test_masked_lm
@@ -159,3 +160,21 @@ def test_stale_staging_folders_are_removed_and_checkpoints_kept(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     checkpoints.remove_stale_staging(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-4", "notes.txt"]
+
+
+def test_only_the_saving_process_writes_the_towers_of_a_checkpoint(tmp_path):
+    # Trainer.save_model calls _save on every process: another rank's save_pretrained of the same folder left it
+    # without config.json and weights (a checkpoint that could not be resumed).
+    class Tower:
+        def save_pretrained(self, folder):
+            Path(folder).mkdir(parents=True)
+
+    trainer = SimpleNamespace(
+        towers={"embedder": object}, args=SimpleNamespace(should_save=False, output_dir=str(tmp_path)),
+        accelerator=SimpleNamespace(unwrap_model=lambda model: model), model=SimpleNamespace(embedder=Tower()),
+    )  # fmt: skip
+    checkpoints.StagedCheckpointTrainer._save(trainer, str(tmp_path / "checkpoint-2"))
+    assert not (tmp_path / "checkpoint-2").exists()
+    trainer.args.should_save = True
+    checkpoints.StagedCheckpointTrainer._save(trainer, str(tmp_path / "checkpoint-2"))
+    assert (tmp_path / "checkpoint-2" / "embedder").is_dir()

@@ -340,6 +340,26 @@ def test_a_plain_index_may_still_go_into_its_corpus_folder(paths):
     assert RealmRetriever.from_pretrained(corpus).index.num_blocks == len(TEXTS)
 
 
+def test_a_versioned_index_build_reads_an_embedder_snapshot_kept_beside_its_versions(paths):
+    root = paths["model"].parent / "index"
+    shutil.copytree(paths["embedder"], root / ".snapshots" / "step-2")  # where asynchronous refresh keeps them
+    argv = ["index", "build", "--embedder", str(root / ".snapshots" / "step-2"), "--corpus", str(paths["corpus"]),
+            "--output", str(root), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    assert (root / "v000000" / "block_index" / "index_config.json").is_file()
+
+
+def test_a_versioned_index_build_refuses_an_embedder_inside_a_version_folder(paths, capsys):
+    root = paths["model"].parent / "index"
+    shutil.copytree(paths["embedder"], root / "v000003" / "embedder")  # a version --keep 1 would prune
+    before = files_under(root / "v000003")
+    argv = ["index", "build", "--embedder", str(root / "v000003" / "embedder"), "--corpus", str(paths["corpus"]),
+            "--output", str(root), "--keep", "1", "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    assert "the version folder" in capsys.readouterr().err
+    assert files_under(root / "v000003") == before
+
+
 def test_world_refuses_a_tokenizer_output_that_would_replace_the_world(tmp_path, capsys):
     world = tmp_path / "world"
     argv = ["world", "--output", str(world), "--tokenizer-output", str(world), "--num-people", "4", "--overwrite",

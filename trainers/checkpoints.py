@@ -50,6 +50,8 @@ class StagedCheckpointTrainer(Trainer):
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         if self.towers is None:
             return super()._save(output_dir, state_dict)
+        if not self.args.should_save:  # Trainer.save_model calls _save on every process; one writes
+            return None
         output_dir = Path(output_dir or self.args.output_dir)
         model = self.accelerator.unwrap_model(self.model)
         for name in self.towers:

@@ -674,9 +674,18 @@ def run(args: argparse.Namespace) -> int:
     own_index = args.layout == "plain" and os.path.realpath(args.output) == os.path.realpath(
         Path(args.corpus, BLOCK_INDEX_DIR)
     )
-    check_apart(
-        args.output, [None if own_index else ("--corpus", args.corpus), ("--embedder", args.embedder)], "--output"
-    )
+    inputs = [None if own_index else ("--corpus", args.corpus), ("--embedder", args.embedder)]
+    if args.layout == "versioned":
+        # A versioned build writes OUTPUT/vNNNNNN and may prune older versions (--keep): an input must lie apart from
+        # every version folder and must not hold OUTPUT; elsewhere inside OUTPUT it is never written (the embedder
+        # snapshots that asynchronous refresh keeps in OUTPUT/.snapshots).
+        root = Path(args.output)
+        version = args.version if args.version is not None else next_version(root)
+        check_apart(root, inputs, "--output", inputs_inside=True)
+        for folder in {root / version_dir_name(version), *_version_names(root).values()}:
+            check_apart(folder, inputs, "the version folder")
+    else:
+        check_apart(args.output, inputs, "--output")
     with writer_lock(args.corpus) if own_index and state.is_main_process else nullcontext():
         index = _build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
     if state.is_main_process:
