@@ -35,6 +35,15 @@ from pathlib import Path
 import torch
 import transformers
 
+# Logged by train pretrain at each logging step: how the retriever's softmax and its gradient on answer blocks move.
+TRAINING_METRICS = (
+    "step",
+    "retrieval_entropy",
+    "null_doc_prob",
+    "answer_in_candidates",
+    "answer_posterior_gain",
+    "retrieval_utility",
+)
 METRICS = (
     "recall@8",
     "retrieval_utility",
@@ -71,9 +80,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--oracle-reader-weight",
+        type=float,
+        default=0.0,
+        help="train pretrain --oracle-reader-weight: 1 trains the retriever with the oracle reader alone (default 0)",
+    )
+    parser.add_argument("--num-candidates", type=int, default=None, help="K, null included (default: the preset's)")
+    parser.add_argument(
+        "--hold-out",
+        type=int,
+        default=0,
+        help="N blocks give no training query; the fixed queries are drawn from them (default 0: from every block)",
+    )
+    parser.add_argument("--queries-per-block", type=int, default=1, help="fixed queries drawn per block (default 1)")
+    parser.add_argument("--recall-k", type=int, default=8, help="k of the fixed queries' recall@k (default 8)")
     args = parser.parse_args(argv)
 
+    from transformers import AutoTokenizer
+
+    from openrealm.tokenization.corpus import load_corpus
     from openrealm.trainers.ict import parse_config_overrides
+    from openrealm.trainers.pretrain_eval import fixed_masked_queries, held_out_query_blocks
     from openrealm.trainers.quickstart import PRESETS, Stages, share_cpu_cores
 
     share_cpu_cores()
@@ -90,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         pretrain_learning_rate=args.learning_rate,
         pretrain_embedder_learning_rate=embedder_lr,
         eval_every=args.eval_every,
+        pretrain_num_candidates=args.num_candidates or PRESETS["default"].pretrain_num_candidates,
     )
     stages = Stages(output, preset, args.seed, progress=False)
     corpus = stages.run("corpus", stages.corpus, stages.run("world", stages.world))
@@ -104,12 +133,32 @@ def main(argv: list[str] | None = None) -> int:
         encoder = str(stages.run("reading warm-up", stages.reading_warmup, corpus))
     else:
         encoder = args.encoder
-    runs = {}
+    tokenizer, blocks = AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
+    held_out = held_out_query_blocks(blocks, args.hold_out, args.seed) if args.hold_out else None
+    queries = fixed_masked_queries(
+        tokenizer,
+        blocks,
+        num_queries=args.hold_out or preset.eval_queries,
+        seed=args.seed + 1,
+        block_ids=held_out,
+        queries_per_block=args.queries_per_block,
+    )
+    extra = ["--oracle-reader-weight", str(args.oracle_reader_weight), "--hold-out-queries", str(args.hold_out)]
+    runs, logs = {}, {}
     for mode in args.modes.split(","):
         if mode == "answer-positive":
-            runs[mode] = stages.run("retriever with answer-block positives", answer_positive, stages, corpus, embedder)
+            runs[mode] = stages.run(
+                "retriever with answer-block positives",
+                answer_positive,
+                stages,
+                corpus,
+                embedder,
+                queries,
+                held_out or [],
+                args.recall_k,
+            )
             continue
-        runs[mode] = stages.run(
+        run = stages.run(
             f"REALM pre-training, refresh {mode}",
             stages.pretrain,
             corpus,
@@ -117,8 +166,13 @@ def main(argv: list[str] | None = None) -> int:
             encoder,
             mode,
             f"pretrain-{mode}",
-            8,
-        )["history"]
+            args.recall_k,
+            extra_argv=extra,
+            queries=queries,
+        )
+        runs[mode] = run["history"]
+        logged = json.loads(Path(run["summary"]).read_text())["log_history"]
+        logs[mode] = [{key: entry[key] for key in TRAINING_METRICS if key in entry} for entry in logged]
     embedders = {"start": embedder} | {
         mode: str(output / ("answer-positive" if mode == "answer-positive" else f"pretrain-{mode}/embedder"))
         for mode in runs
@@ -132,14 +186,18 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "timings_s": stages.timings,
+        "num_fixed_queries": len(queries["uid"]),
+        "held_out_blocks": held_out,
         "runs": runs,
+        "training_logs": logs,
         "zero_shot_recall_at_5": zero_shot,
     }
     (output / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"\n| refresh | step | {' | '.join(METRICS)} |\n|---|---|{'---|' * len(METRICS)}")
+    metrics = (f"recall@{args.recall_k}", *METRICS[1:])
+    print(f"\n| refresh | step | {' | '.join(metrics)} |\n|---|---|{'---|' * len(metrics)}")
     for mode, history in runs.items():
         for entry in (history[0], history[-1]):
-            values = " | ".join(f"{entry.get('eval_' + name, float('nan')):.3f}" for name in METRICS)
+            values = " | ".join(f"{entry.get('eval_' + name, float('nan')):.3f}" for name in metrics)
             print(f"| {mode} | {entry['step']} | {values} |")
     print(
         "\n| embedder | zero-shot recall@5, all questions | same, question-only wordpieces left out |\n|---|---|---|"
@@ -181,35 +239,39 @@ def zero_shot_recall(embedder_folder: str, corpus: Path, world: Path, k: int = 5
     return scores
 
 
-def answer_positive(stages, corpus: Path, embedder_folder: str) -> list[dict]:
+def answer_positive(
+    stages, corpus: Path, embedder_folder: str, queries: dict, held_out: list[int], k: int
+) -> list[dict]:
     """What a perfect reader's signal could give the retriever at most: the embedder alone, trained for as many steps
     and at the same batch size and lr as pre-training, with an answer block of each masked query (another block
-    holding the span) as its positive against the batch's other positives (in-batch softmax). REALM's gradient
-    reaches an answer block only when it is among the 7 retrieved candidates and the reader copies from it."""
+    holding the span) as its positive against the batch's other positives (in-batch softmax), on queries from every
+    block but the held-out ones, scored by recall@k on `queries`. REALM's gradient reaches an answer block only when
+    it is among the K - 1 retrieved candidates and the reader copies from it; this one does not go through REALM's
+    path (no index, no candidates, no marginal)."""
     import random
 
     from transformers import AutoTokenizer
 
     from openrealm.tokenization.corpus import load_corpus
     from openrealm.tokenization.masking import SalientSpanCollator
-    from openrealm.trainers.pretrain_eval import answer_block_ids, fixed_masked_queries, fresh_index, recall_at_k
+    from openrealm.trainers.pretrain_eval import answer_block_ids, fresh_index, recall_at_k
     from openrealm.trainers.pretraining import CANDIDATE_SEQ_LEN, block_retriever_inputs
     from openrealm.trainers.towers import load_embedder
 
     preset, tokenizer, blocks = stages.preset, AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
     embedder = load_embedder(embedder_folder, tokenizer, seed=stages.seed)
-    queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=stages.seed + 1)
+    training = sorted(set(range(len(blocks))) - set(held_out))
     masker, rng, texts = SalientSpanCollator(tokenizer, seed=stages.seed), random.Random(stages.seed), blocks["text"]
     optimizer = torch.optim.AdamW(embedder.parameters(), lr=preset.pretrain_embedder_learning_rate, weight_decay=0.01)
     history = []
     for step in range(preset.pretrain_steps + 1):
         if step % preset.eval_every == 0 or step == preset.pretrain_steps:
             index = fresh_index(embedder, tokenizer, blocks)
-            history.append({"step": step, "eval_recall@8": recall_at_k(embedder, index, queries, 8)})
+            history.append({"step": step, f"eval_recall@{k}": recall_at_k(embedder, index, queries, k)})
         if step == preset.pretrain_steps:
             embedder.save_pretrained(stages.path("answer-positive"))
             return history
-        batch = masker([blocks[i] for i in rng.sample(range(len(blocks)), preset.pretrain_batch_size)])
+        batch = masker([blocks[i] for i in rng.sample(training, preset.pretrain_batch_size)])
         spans = [text[start:end] for text, (start, end) in zip(batch["query_text"], batch["span"].tolist())]
         answers = answer_block_ids(texts, batch["block_id"].tolist(), spans)
         rows = [row for row, ids in enumerate(answers) if ids]

@@ -694,3 +694,31 @@ def test_pretraining_whose_masks_all_lie_past_the_query_length_ends_with_an_erro
     error = capsys.readouterr().err.splitlines()[-1]
     assert "4 of 4 corpus rows read (100%) give no training example: 4 because the words to mask lie past the first " in error  # fmt: skip
     assert "10 wordpieces of their sentence" in error and "max_position_embeddings" in error
+
+
+def test_held_out_query_blocks_give_no_training_query_and_are_listed_in_the_summary(corpus, tmp_path):
+    from openrealm.trainers.pretrain_eval import held_out_query_blocks
+
+    blocks = load_corpus(corpus)
+    args = SimpleNamespace(hold_out_queries=10, seed=3)
+    held_out = held_out_query_blocks(blocks, 10, seed=3)
+    training = pretrain.training_queries(blocks, args)
+    assert len(held_out) == 10 and len(training) == len(blocks) - 10
+    assert not set(training["block_id"]) & set(held_out)
+    assert all(len(blocks[i]["span_char_starts"]) for i in held_out)  # each can give a query
+    output = tmp_path / "out"
+    assert cli_pretrain(corpus, output, "--max-steps", "2", "--hold-out-queries", "10", "--seed", "3") == 0
+    assert json.loads((output / "pretraining.json").read_text())["held_out_query_blocks"] == held_out
+
+
+def test_the_oracle_reader_trains_the_retriever_through_the_command_line_and_logs_its_answer_metrics(corpus, tmp_path):
+    output = tmp_path / "out"
+    argv = ["--max-steps", "2", "--logging-steps", "1", "--oracle-reader-weight", "1", "--batch-size", "8"]
+    assert cli_pretrain(corpus, output, *argv) == 0
+    summary = json.loads((output / "pretraining.json").read_text())
+    assert summary["oracle_reader_weight"] == 1.0
+    logged = [entry for entry in summary["log_history"] if "answer_in_candidates" in entry]
+    assert len(logged) == 2 and all(0 <= entry["answer_in_candidates"] <= 1 for entry in logged)
+    assert all(math.isfinite(entry["answer_posterior_gain"]) for entry in logged)
+    start = RealmEmbedder.from_pretrained(output / "index" / "v000000" / "block_index" / "embedder")
+    assert not weights_equal(RealmEmbedder.from_pretrained(output / "embedder"), start)  # the retriever moved

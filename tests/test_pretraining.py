@@ -370,3 +370,90 @@ def test_a_batch_without_examples_gives_a_zero_loss_reaching_every_trainable_par
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert output.loss.item() == 0.0 and output.retrieval_utility is None
     assert all(p.grad is not None and not p.grad.any() for p in trainable) and len(trainable) > 10
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The oracle reader (a diagnostic: REALM's retriever path trained by a perfect reader)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def by_text(realm_batch, tokenizer) -> torch.Tensor:
+    """[B, K]: whether candidate k's block text holds example b's masked words (the null document never does)."""
+    holds = []
+    for b, ids in enumerate(realm_batch["candidate_block_ids"].tolist()):
+        labels = realm_batch["labels"][b]
+        span = tokenizer.decode(labels[labels != -100])
+        holds.append([i != -1 and span in BLOCK_TEXTS[i] for i in ids])
+    return torch.tensor(holds)
+
+
+def test_holds_masked_span_marks_the_candidates_whose_body_holds_the_masked_words(realm_batch, tokenizer):
+    from openrealm.trainers.pretraining import holds_masked_span
+
+    holds = realm_batch["holds_answer"]
+    assert torch.equal(holds, by_text(realm_batch, tokenizer))
+    assert holds.any() and not holds[:, 0].any()  # some candidate holds a span; the null document never
+    # "cairo" is [UNK] in this 158-wordpiece vocabulary, as "england" and "thames" are: an unknown word is no fact
+    args = (realm_batch["joint_input_ids"], realm_batch["joint_token_type_ids"], realm_batch["labels"])
+    assert not torch.equal(holds_masked_span(*args, realm_batch["labels"] != -100), holds)
+
+
+def test_holds_masked_span_needs_every_masked_run_as_consecutive_wordpieces():
+    from openrealm.trainers.pretraining import holds_masked_span
+
+    # query [CLS] 7 [M] [M] 9 [M] [SEP] with masks 11 12 and 14; bodies (segment 1) of three candidates
+    joint = torch.tensor([[[CLS, 7, MASK, MASK, 9, MASK, SEP, 11, 12, 30, 14, SEP],
+                           [CLS, 7, MASK, MASK, 9, MASK, SEP, 12, 11, 14, 30, SEP],
+                           [CLS, 7, MASK, MASK, 9, MASK, SEP, 11, 30, 12, 14, SEP]]])  # fmt: skip
+    types = torch.tensor([[0] * 7 + [1] * 5] * 3).unsqueeze(0)
+    labels = torch.full((1, 12), -100)
+    labels[0, [2, 3, 5]] = torch.tensor([11, 12, 14])
+    assert holds_masked_span(joint, types, labels, labels != -100).tolist() == [[True, False, False]]
+    continuation = torch.zeros(40, dtype=torch.bool)
+    continuation[30] = True  # 30 continues the word 14 in candidate 1: "14 ##30" is another word
+    joint[0, 0, 9:11] = torch.tensor([14, 30])
+    assert holds_masked_span(joint, types, labels, labels != -100, continuation).tolist() == [[False, False, False]]
+
+
+def test_the_oracle_reader_gives_one_minus_eps_to_answer_holding_candidates_and_the_background_elsewhere(
+    realm_batch, tokenizer
+):
+    model = make_model()
+    model.oracle_reader_weight = 1.0
+    output = model(**realm_batch)
+    rows = (realm_batch["labels"] != -100).nonzero(as_tuple=True)[0]
+    expected = torch.where(by_text(realm_batch, tokenizer)[rows], math.log(0.99), math.log(1e-3))
+    torch.testing.assert_close(output.token_log_prob, expected)
+    expected_loss = -(output.candidate_log_prob[rows] + expected).logsumexp(-1).mean()
+    torch.testing.assert_close(output.loss, expected_loss)
+
+
+def test_the_oracle_alone_trains_only_the_retriever(realm_batch):
+    model = make_model()
+    model.oracle_reader_weight = 1.0
+    model(**realm_batch).loss.backward()
+    assert model.embedder.cls.dense.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.encoder.parameters())
+
+
+def test_a_mixed_reader_is_the_weighted_sum_of_the_oracle_and_encoder_probabilities(realm_batch, tokenizer):
+    encoder_only, mixed = make_model(), make_model()
+    mixed.oracle_reader_weight = 0.25
+    learned, out = encoder_only(**realm_batch).token_log_prob, mixed(**realm_batch)
+    rows = (realm_batch["labels"] != -100).nonzero(as_tuple=True)[0]
+    oracle = torch.where(by_text(realm_batch, tokenizer)[rows], 0.99, 1e-3)
+    torch.testing.assert_close(out.token_log_prob.exp(), 0.25 * oracle + 0.75 * learned.exp())
+
+
+def test_answer_posterior_gain_is_positive_when_the_oracle_prefers_a_retrieved_answer_block(realm_batch):
+    model = make_model()
+    model.oracle_reader_weight = 1.0
+    output = model(**realm_batch)
+    assert 0 < output.answer_in_candidates <= 1
+    assert output.answer_posterior_gain > 0  # the posterior moves mass onto the answer-holding candidates
+
+
+def test_an_oracle_weight_outside_zero_to_one_is_refused():
+    config = tiny_realm_config()
+    with pytest.raises(ValueError, match="oracle_reader_weight must be in"):
+        RealmPretrainingModel(RealmEmbedder(config), RealmKnowledgeAugEncoder(config), oracle_reader_weight=1.5)

@@ -362,6 +362,23 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
         "--spans", choices=MASKING_STRATEGIES, default="salient", help="masking strategy (default salient)"
     )
     parser.add_argument("--embedding-dropout", type=float, default=EMBEDDING_DROPOUT, help="(default 0.1)")
+    parser.add_argument(
+        "--oracle-reader-weight",
+        type=float,
+        default=0.0,
+        metavar="A",
+        help="diagnostic, not for training a model: the reader's p(y|z,x) becomes A * an oracle's (sure where the block "
+        "holds the masked span, at chance elsewhere) + (1 - A) * the encoder's; 1 trains the retriever alone "
+        "(default 0: REALM)",
+    )
+    parser.add_argument(
+        "--hold-out-queries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N blocks with a salient span (seeded) give no training query but stay retrievable, for evaluating the "
+        "retriever on unseen queries; their ids go to pretraining.json (default 0)",
+    )
     parser.add_argument("--config-overrides", default=None, help="RealmConfig fields k=v,... (for random models)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and masks (default 0)")

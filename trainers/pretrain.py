@@ -66,6 +66,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
@@ -88,6 +89,7 @@ from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides
 from openrealm.trainers.index_builder import build_index, leave_process_group, load_index
 from openrealm.trainers.options import MAX_DROPPED_SHARE, train_pretrain
 from openrealm.trainers.output import quiet_trainer_logs
+from openrealm.trainers.pretrain_eval import held_out_query_blocks
 from openrealm.trainers.pretraining import (
     CANDIDATE_SEQ_LEN,
     COUNTERS,
@@ -111,6 +113,8 @@ OUTPUT_METRICS = (
     "retrieval_entropy",
     "top_candidate_log_prob",
     "oracle_candidate_log_prob",
+    "answer_in_candidates",
+    "answer_posterior_gain",
 )
 BATCH_EXTRAS = ("uid", "stats", "index_version", "block_id", "candidate_block_ids", "num_skipped")
 REFRESH_STATE_NAME = "refresh_state.json"
@@ -479,6 +483,15 @@ def refuse(state, message: str) -> int:
     return 2
 
 
+def training_queries(blocks, args: argparse.Namespace):
+    """The corpus rows that give training queries: every block, less the --hold-out-queries ones (held_out_query_blocks
+    of the run's seed), which stay in the index as candidates."""
+    held_out = held_out_query_blocks(blocks, getattr(args, "hold_out_queries", 0), args.seed)
+    if not held_out:
+        return blocks
+    return blocks.select(np.setdiff1d(np.arange(len(blocks)), held_out))
+
+
 def build_trainer(
     args: argparse.Namespace,
     embedder,
@@ -548,7 +561,12 @@ def build_trainer(
         report_to=args.report_to,
         disable_tqdm=args.quiet,
     )
-    model = RealmPretrainingModel(embedder, encoder, embedding_dropout=args.embedding_dropout)
+    model = RealmPretrainingModel(
+        embedder,
+        encoder,
+        embedding_dropout=args.embedding_dropout,
+        oracle_reader_weight=getattr(args, "oracle_reader_weight", 0.0),
+    )
     guard = DroppedExamplesGuard(  # run_totals is a collective: every rank checks at the same logging steps
         lambda: run_drops(trainer.run_totals()),
         drop_causes(query_seq_len),
@@ -558,7 +576,7 @@ def build_trainer(
     trainer = RealmPretrainingTrainer(
         model=model,
         args=training_args,
-        train_dataset=blocks,
+        train_dataset=training_queries(blocks, args),
         data_collator=PretrainingCollator(masker, examples),
         callbacks=[refresh, guard, *(callbacks or ())],
         refresh=refresh,
@@ -695,6 +713,8 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             "refresh_lag": lag,
             "num_candidates": args.num_candidates,
             "spans": args.spans,
+            "oracle_reader_weight": getattr(args, "oracle_reader_weight", 0.0),
+            "held_out_query_blocks": held_out_query_blocks(blocks, getattr(args, "hold_out_queries", 0), args.seed),
             "seed": args.seed,
             "num_blocks": len(blocks),
             "resumed_from": str(checkpoint) if checkpoint is not None else None,

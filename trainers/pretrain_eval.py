@@ -39,6 +39,27 @@ RECALL_K = 8
 QUERY_KEYS = ("query_input_ids", "query_attention_mask", "labels", "block_id")
 
 
+def held_out_query_blocks(blocks, num_blocks: int, seed: int = 0) -> list[int]:
+    """`num_blocks` block ids drawn (seeded) among the blocks with a salient span, ascending: blocks whose sentences
+    pre-training never uses as queries (`train pretrain --hold-out-queries`) while they stay retrievable, so that
+    `fixed_masked_queries(..., block_ids=...)` scores the retriever on queries it never trained on."""
+    if num_blocks < 0:
+        raise ValueError(f"the number of held-out query blocks must be >= 0, got {num_blocks}")
+    starts = blocks.with_format("arrow")["span_char_starts"] if hasattr(blocks, "with_format") else None
+    if starts is not None:
+        import pyarrow.compute as pc
+
+        with_spans = np.flatnonzero(pc.greater(pc.list_value_length(starts), 0).to_numpy(zero_copy_only=False))
+    else:
+        with_spans = np.asarray([i for i, row in enumerate(blocks) if len(row["span_char_starts"])], dtype=np.int64)
+    if num_blocks > len(with_spans):
+        raise ValueError(
+            f"{num_blocks} held-out query blocks asked for, but only {len(with_spans)} have a salient span"
+        )
+    chosen = np.random.default_rng(seed).permutation(with_spans)[:num_blocks]
+    return sorted(int(i) for i in chosen)
+
+
 def fixed_masked_queries(
     tokenizer,
     blocks,
@@ -46,22 +67,47 @@ def fixed_masked_queries(
     seed: int = 0,
     strategy: str = "salient",
     query_seq_len: int = QUERY_SEQ_LEN,
+    block_ids: Sequence[int] | None = None,
+    queries_per_block: int = 1,
 ) -> dict[str, Any]:
-    """One masked query from each of `num_queries` blocks drawn without replacement (at most all), masks drawn once.
+    """One masked query from each of `num_queries` blocks drawn without replacement (at most all), masks drawn once;
+    `block_ids`: draw from these blocks only (e.g. `held_out_query_blocks`); `queries_per_block`: that many draws of
+    each block (other sentences and spans; a draw repeating an earlier one of its block is dropped).
 
     Returns `SalientSpanCollator`'s batch (`query_input_ids`, `query_attention_mask`, `labels` [Q, Lq], `block_id`
     [Q], `uid`, `query_text`, `span`...) for the Q <= num_queries blocks that gave a query, plus `span_text` (the
     masked text) and `answer_block_ids` (per query: the other blocks whose text contains span_text).
     """
-    order = np.random.default_rng(seed).permutation(len(blocks))[: min(num_queries, len(blocks))]
-    rows = blocks.select(sorted(order.tolist())) if hasattr(blocks, "select") else [blocks[i] for i in order]
+    pool = np.arange(len(blocks)) if block_ids is None else np.asarray(block_ids, dtype=np.int64)
+    order = pool[np.random.default_rng(seed).permutation(len(pool))[: min(num_queries, len(pool))]]
+    order = np.repeat(np.sort(order), queries_per_block)
+    rows = blocks.select(order.tolist()) if hasattr(blocks, "select") else [blocks[i] for i in order]
     queries = SalientSpanCollator(tokenizer, strategy=strategy, seed=seed, query_seq_len=query_seq_len)(list(rows))
+    if queries_per_block > 1:
+        queries = _first_of_each_draw(queries)
     if not queries["uid"]:
         raise ValueError(f"none of the {len(order)} sampled blocks gave a masked query (no salient spans?)")
     texts = blocks["text"] if hasattr(blocks, "column_names") else [row["text"] for row in blocks]
     queries["span_text"] = [text[s:e] for text, (s, e) in zip(queries["query_text"], queries["span"].tolist())]
     queries["answer_block_ids"] = answer_block_ids(texts, queries["block_id"].tolist(), queries["span_text"])
     return queries
+
+
+def _first_of_each_draw(queries: dict[str, Any]) -> dict[str, Any]:
+    """The collator's batch without the queries that repeat an earlier one (same block, sentence and span)."""
+    seen, keep = set(), []
+    for row, key in enumerate(zip(queries["block_id"].tolist(), queries["query_text"], queries["span"].tolist())):
+        if (key[0], key[1], tuple(key[2])) not in seen:
+            seen.add((key[0], key[1], tuple(key[2])))
+            keep.append(row)
+    return {
+        name: value[keep]
+        if isinstance(value, torch.Tensor)
+        else [value[row] for row in keep]
+        if isinstance(value, list) and len(value) == len(queries["uid"])
+        else value
+        for name, value in queries.items()
+    }
 
 
 def answer_block_ids(texts: Sequence[str], own_block_ids: Sequence[int], spans: Sequence[str]) -> list[list[int]]:
@@ -270,5 +316,6 @@ __all__ = [
     "evaluate_pretraining",
     "fixed_masked_queries",
     "fresh_index",
+    "held_out_query_blocks",
     "recall_at_k",
 ]

@@ -22,6 +22,7 @@ Departures from Google's code:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ QUERY_SEQ_LEN = 96
 CANDIDATE_SEQ_LEN = 288
 JOINT_SEQ_LEN = QUERY_SEQ_LEN + CANDIDATE_SEQ_LEN
 NULL_BLOCK_ID = -1
+# The oracle reader's p(y_j|z,x) (RealmPretrainingModel.oracle_reader_weight): 1 - ORACLE_EPS for a candidate holding
+# the masked span, ORACLE_BACKGROUND for the others: a reader sure of a copied wordpiece and at chance (1 in 1,000)
+# for one it must guess, as BERT's MLM head is on an entity name absent from its input.
+ORACLE_EPS = 0.01
+ORACLE_BACKGROUND = 1e-3
 COUNTERS = ("num_examples", "num_dropped_duplicate_uids", "num_trivial_retrieved")
 
 
@@ -92,7 +98,8 @@ class RealmPretrainingExamples:
     `query_input_ids`, `query_token_type_ids`, `query_attention_mask` [B', Lq'];
     `candidate_input_ids`, `candidate_token_type_ids`, `candidate_attention_mask` [B', K, Ld] (null first);
     `joint_input_ids`, `joint_token_type_ids`, `joint_attention_mask` [B', K, Lj];
-    `labels` [B', Lj] (-100 = not predicted), `mlm_mask` [B', Lj]; `candidate_block_ids` [B', K] (-1 = null);
+    `labels` [B', Lj] (-100 = not predicted), `mlm_mask` [B', Lj]; `holds_answer` [B', K] (`holds_masked_span`: the
+    candidate's body holds the masked words); `candidate_block_ids` [B', K] (-1 = null);
     `block_id` [B'], `uid` list; `index_version` int; `stats` {counter: count} of this batch.
     Lengths are the longest in the batch (at most 96 / 288 / 384), not Google's fixed ones (see the module doc).
     Counters accumulate in `self.counters` too.
@@ -116,6 +123,11 @@ class RealmPretrainingExamples:
         self.candidate_seq_len = candidate_seq_len
         self.joint_seq_len = joint_seq_len
         self.counters: Counter = Counter({name: 0 for name in COUNTERS})
+        # wordpieces that continue a word ("##..."): a span matched in a block must not end inside a word
+        self.continuation = torch.zeros(max(len(tokenizer), 1), dtype=torch.bool)
+        for piece, i in tokenizer.get_vocab().items():
+            if piece.startswith("##") and i < len(self.continuation):
+                self.continuation[i] = True
         self.update_index(query_embedder, index)
 
     def update_index(self, query_embedder: nn.Module, index: RealmBlockIndex) -> None:
@@ -220,6 +232,14 @@ class RealmPretrainingExamples:
         batch.update(
             labels=labels,
             mlm_mask=(labels != -100).long(),
+            holds_answer=holds_masked_span(
+                batch["joint_input_ids"],
+                batch["joint_token_type_ids"],
+                labels,
+                labels != -100,
+                self.continuation,
+                tok.unk_token_id,
+            ),
             # Every kept example has exactly K candidates; a fixed width also shapes an all-dropped batch [0, K].
             candidate_block_ids=torch.tensor(candidates, dtype=torch.long).reshape(len(kept), self.num_candidates),
             block_id=torch.as_tensor(queries["block_id"])[kept],
@@ -244,7 +264,10 @@ class RealmPretrainingOutput(ModelOutput):
     K candidates in nats (log K: uniform; near 0: one candidate takes all the mass and the retriever's gradient,
     p(z|x,y) - p(z|x), vanishes); `top_candidate_log_prob`: mean log p(y|z*,x) with z* = argmax_k p(z_k|x);
     `oracle_candidate_log_prob`: the same with z* = the candidate of highest reader likelihood of the example's masked
-    tokens; `query_emb` [B, P], `candidate_emb` [B, K, P] (after dropout)."""
+    tokens; `answer_in_candidates`: fraction of examples with an answer-holding candidate (`holds_answer`);
+    `answer_posterior_gain`: mean over the masked tokens and the answer-holding candidates of p(z|x,y_j) - p(z|x), the
+    retriever's gradient on those candidates' scores (0 when none is retrieved); `holds_answer` [B, K];
+    `query_emb` [B, P], `candidate_emb` [B, K, P] (after dropout)."""
 
     loss: torch.FloatTensor | None = None
     relevance_score: torch.FloatTensor | None = None
@@ -256,6 +279,9 @@ class RealmPretrainingOutput(ModelOutput):
     retrieval_entropy: torch.FloatTensor | None = None
     top_candidate_log_prob: torch.FloatTensor | None = None
     oracle_candidate_log_prob: torch.FloatTensor | None = None
+    answer_in_candidates: torch.FloatTensor | None = None
+    answer_posterior_gain: torch.FloatTensor | None = None
+    holds_answer: torch.BoolTensor | None = None
     query_emb: torch.FloatTensor | None = None
     candidate_emb: torch.FloatTensor | None = None
 
@@ -267,6 +293,14 @@ class RealmPretrainingModel(nn.Module):
     `embedding_dropout` (default 0.1, Google's embedder built with the train tag) is applied to the 128-d query and
     document embeddings in train mode only. `masked_positions_only` (default True) runs the MLM head only at the masked
     tokens; False runs it over every position and uses `RealmKnowledgeAugEncoder.marginal_mlm_loss` (same numbers).
+
+    `oracle_reader_weight` a (default 0: Google's model) is a diagnostic, never a training default: the reader's
+    p(y_j|z,x) becomes a * p_oracle + (1 - a) * p_encoder, where the oracle gives 1 - `oracle_eps` to a candidate that
+    holds the example's masked span (`holds_answer`) and `oracle_background` to the others and to the null document.
+    With a = 1 the encoder is not run: what remains is REALM's retriever path (candidates from the index, trivial
+    exclusion, null document, the marginal likelihood, gradients into the embedder through the query and the
+    candidates) trained by a perfect reader, which tells the machinery apart from the reader (ORQA's retriever loss is
+    this marginal with a 0/1 reader, language/orqa/models/orqa_model.py).
     """
 
     def __init__(
@@ -275,12 +309,23 @@ class RealmPretrainingModel(nn.Module):
         encoder: RealmKnowledgeAugEncoder,
         embedding_dropout: float = EMBEDDING_DROPOUT,
         masked_positions_only: bool = True,
+        oracle_reader_weight: float = 0.0,
+        oracle_eps: float = ORACLE_EPS,
+        oracle_background: float = ORACLE_BACKGROUND,
     ):
         super().__init__()
+        if not 0.0 <= oracle_reader_weight <= 1.0:
+            raise ValueError(f"oracle_reader_weight must be in [0, 1], got {oracle_reader_weight}")
+        if not (0.0 < oracle_eps < 1.0 and 0.0 < oracle_background < 1.0 - oracle_eps):
+            raise ValueError(
+                f"the oracle needs 0 < oracle_background < 1 - oracle_eps < 1, got {oracle_background}, {oracle_eps}"
+            )
         self.embedder = embedder
         self.encoder = encoder
         self.embedding_dropout = nn.Dropout(embedding_dropout)
         self.masked_positions_only = masked_positions_only
+        self.oracle_reader_weight = oracle_reader_weight
+        self.oracle_eps, self.oracle_background = oracle_eps, oracle_background
         freeze_unused_mlm_head(embedder)
 
     def embed(
@@ -303,9 +348,12 @@ class RealmPretrainingModel(nn.Module):
         labels: torch.LongTensor,
         mlm_mask: torch.Tensor | None = None,
         query_token_type_ids: torch.LongTensor | None = None,
+        holds_answer: torch.BoolTensor | None = None,
         **unused: Any,
     ) -> RealmPretrainingOutput:
         """Query [B, Lq], candidates [B, K, Ld], joint [B, K, Lj], labels / mlm_mask [B, Lj] -> RealmPretrainingOutput.
+        holds_answer [B, K] (`RealmPretrainingExamples` gives it): what the oracle reader and the answer metrics read;
+        without it they are off (an oracle_reader_weight > 0 needs it).
 
         Extra batch keys (`candidate_block_ids`, `uid`, `index_version`, `stats`...) are accepted and ignored.
         """
@@ -324,14 +372,65 @@ class RealmPretrainingModel(nn.Module):
         # Plain inner product over the K candidates only: no temperature, no scaling (Google §3.2).
         relevance_score = torch.einsum("bp,bkp->bk", query_emb, candidate_emb)
         candidate_log_prob = relevance_score.float().log_softmax(-1)
+        rows = mask.nonzero(as_tuple=True)[0]  # the example of each of the N masked tokens
+        weight = self.oracle_reader_weight
+        if weight > 0.0 and holds_answer is None:
+            raise ValueError("the oracle reader needs holds_answer [B, K] (RealmPretrainingExamples gives it)")
+        if holds_answer is not None:
+            holds_answer = holds_answer.to(relevance_score.device).bool()
+        if weight == 1.0:  # the oracle alone: no encoder pass
+            token_log_prob = self._oracle_log_prob(holds_answer)[rows]
+            loss = None
+        else:
+            token_log_prob, loss = self._reader_log_prob(
+                joint_input_ids, joint_token_type_ids, joint_attention_mask, labels, mask, relevance_score
+            )
+            if weight > 0.0:
+                token_log_prob = torch.logaddexp(
+                    math.log(weight) + self._oracle_log_prob(holds_answer)[rows],
+                    math.log1p(-weight) + token_log_prob,
+                )
+                loss = None
+        marginal_log_prob = (candidate_log_prob[rows] + token_log_prob).logsumexp(-1)  # [N]
+        if loss is None:
+            loss = -marginal_log_prob.mean()
+        return RealmPretrainingOutput(
+            loss=loss,
+            relevance_score=relevance_score,
+            candidate_log_prob=candidate_log_prob,
+            token_log_prob=token_log_prob,
+            marginal_log_prob=marginal_log_prob,
+            **self._metrics(candidate_log_prob, token_log_prob, marginal_log_prob, rows, holds_answer),
+            holds_answer=holds_answer,
+            query_emb=query_emb,
+            candidate_emb=candidate_emb,
+        )
 
+    def _oracle_log_prob(self, holds_answer: torch.Tensor) -> torch.Tensor:
+        """The oracle reader's log p(y_j|z,x) per example and candidate [B, K]: log(1 - eps) where the candidate holds
+        the masked span, log(background) elsewhere (the null document included); the same for every masked token."""
+        hit, miss = math.log1p(-self.oracle_eps), math.log(self.oracle_background)
+        return torch.where(holds_answer, hit, miss).float()
+
+    def _reader_log_prob(
+        self,
+        joint_input_ids: torch.Tensor,
+        joint_token_type_ids: torch.Tensor,
+        joint_attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        relevance_score: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The encoder's log p(y_j|z_k,x) at the N masked tokens [N, K], and the loss when it comes from the
+        full-sequence head (masked_positions_only False), else None (the marginal's mean)."""
+        batch_size, num_candidates = joint_input_ids.shape[:2]
         hidden = self.encoder.realm(
             flatten_candidates(joint_input_ids),
             attention_mask=flatten_candidates(joint_attention_mask),
             token_type_ids=flatten_candidates(joint_token_type_ids),
             return_dict=True,
         ).last_hidden_state.view(batch_size, num_candidates, joint_input_ids.shape[-1], -1)
-        rows, positions = mask.nonzero(as_tuple=True)  # the N masked tokens
+        rows, positions = mask.nonzero(as_tuple=True)
         targets = labels[rows, positions]
         if self.masked_positions_only:
             logits = self.encoder.cls(hidden[rows, :, positions])  # [N, K, V]
@@ -347,21 +446,9 @@ class RealmPretrainingModel(nn.Module):
                 .gather(-1, labels.clamp(min=0).repeat_interleave(num_candidates, 0)[..., None])
             )
             token_log_prob = full.view(batch_size, num_candidates, -1)[rows, :, positions]
-        marginal_log_prob = (candidate_log_prob[rows] + token_log_prob).logsumexp(-1)  # [N]
         if self.masked_positions_only:
-            loss = -marginal_log_prob.mean()
-        else:
-            loss = RealmKnowledgeAugEncoder.marginal_mlm_loss(logits, relevance_score, labels, mask)
-        return RealmPretrainingOutput(
-            loss=loss,
-            relevance_score=relevance_score,
-            candidate_log_prob=candidate_log_prob,
-            token_log_prob=token_log_prob,
-            marginal_log_prob=marginal_log_prob,
-            **self._metrics(candidate_log_prob, token_log_prob, marginal_log_prob, rows),
-            query_emb=query_emb,
-            candidate_emb=candidate_emb,
-        )
+            return token_log_prob, None
+        return token_log_prob, RealmKnowledgeAugEncoder.marginal_mlm_loss(logits, relevance_score, labels, mask)
 
     def _skipped_batch_output(self) -> RealmPretrainingOutput:
         """The output of a batch with no token to predict (every example dropped: no usable salient span, duplicate
@@ -384,9 +471,11 @@ class RealmPretrainingModel(nn.Module):
         token_log_prob: torch.Tensor,
         marginal_log_prob: torch.Tensor,
         rows: torch.Tensor,
+        holds_answer: torch.Tensor | None,
     ) -> dict[str, torch.Tensor]:
-        """Google §3.6 retrieval_utility (index 0 is the null document), plus p(null|x), the entropy of p(z|x) and the
-        reader's log-prob of the retriever's top candidate and of the best candidate in hindsight."""
+        """Google §3.6 retrieval_utility (index 0 is the null document), plus p(null|x), the entropy of p(z|x), the
+        reader's log-prob of the retriever's top candidate and of the best candidate in hindsight, and how the
+        answer-holding candidates fare: their share and their posterior minus prior."""
         batch_size, num_candidates = candidate_log_prob.shape
         top = candidate_log_prob.argmax(-1)[rows]  # [N]
         per_example = torch.zeros(batch_size, num_candidates, device=token_log_prob.device)
@@ -398,7 +487,65 @@ class RealmPretrainingModel(nn.Module):
             "retrieval_entropy": -(candidate_log_prob.exp() * candidate_log_prob).sum(-1).mean(),
             "top_candidate_log_prob": token_log_prob.gather(1, top[:, None]).mean(),
             "oracle_candidate_log_prob": token_log_prob.gather(1, oracle[:, None]).mean(),
-        }
+        } | (
+            {}
+            if holds_answer is None
+            else {
+                "answer_in_candidates": holds_answer.any(-1).float().mean(),
+                "answer_posterior_gain": _posterior_gain(candidate_log_prob[rows], token_log_prob, holds_answer[rows]),
+            }
+        )
+
+
+def _posterior_gain(prior_log_prob: torch.Tensor, token_log_prob: torch.Tensor, holds: torch.Tensor) -> torch.Tensor:
+    """Mean of p(z|x,y_j) - p(z|x) over the answer-holding (token, candidate) pairs ([N, K] each); 0 for none."""
+    posterior = (prior_log_prob + token_log_prob).log_softmax(-1).exp()
+    gain = (posterior - prior_log_prob.exp())[holds]
+    return gain.mean() if gain.numel() else torch.zeros((), device=prior_log_prob.device)
+
+
+def holds_masked_span(
+    joint_input_ids: torch.Tensor,
+    joint_token_type_ids: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    continuation: torch.Tensor | None = None,
+    unknown_id: int | None = None,
+) -> torch.Tensor:
+    """[B, K] bool: whether candidate k's body (segment 1 of the joint input) holds example b's masked wordpieces, each
+    run of consecutive masked positions as consecutive wordpieces (a salient span is one run), not followed by a
+    wordpiece that `continuation` [V] marks as continuing a word ("##..."): "paris" is not held by "parish". The null
+    document, whose body is empty, never does, and `unknown_id` ([UNK]: any word out of the vocabulary) never matches.
+    What the oracle reader reads: a reader can copy only what it is shown."""
+    batch_size, num_candidates, length = joint_input_ids.shape
+    unmatched = joint_token_type_ids != 1
+    if unknown_id is not None:
+        unmatched |= joint_input_ids == unknown_id
+    body = joint_input_ids.masked_fill(unmatched, -1)  # [B, K, Lj]; -1 never matches a wordpiece
+    if continuation is not None:  # [B, K, Lj]: the next wordpiece continues a word
+        inside = continuation[joint_input_ids.clamp(0, len(continuation) - 1)] & (joint_token_type_ids == 1)
+        ends_inside = torch.cat([inside[..., 1:], torch.zeros_like(inside[..., :1])], -1)
+    found = torch.ones(batch_size, num_candidates, dtype=torch.bool, device=body.device)
+    for b in range(batch_size):
+        positions = mask[b].nonzero().flatten().tolist()
+        if not positions:
+            found[b] = False
+            continue
+        runs, start = [], 0
+        for i in range(1, len(positions) + 1):
+            if i == len(positions) or positions[i] != positions[i - 1] + 1:
+                runs.append(labels[b, positions[start] : positions[i - 1] + 1])
+                start = i
+        for run in runs:
+            if run.numel() > length:
+                found[b] = False
+                break
+            windows = body[b].unfold(-1, run.numel(), 1)  # [K, Lj - n + 1, n]
+            matches = (windows == run.to(body.device)).all(-1)  # [K, Lj - n + 1], by start position
+            if continuation is not None:
+                matches &= ~ends_inside[b, :, run.numel() - 1 :]
+            found[b] &= matches.any(-1)
+    return found
 
 
 __all__ = [

@@ -44,6 +44,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -271,10 +272,13 @@ class Stages:
         name: str = "pretrain",
         k: int = 5,
         spans: str = "salient",
+        extra_argv: Sequence[str] = (),
+        queries: dict | None = None,
     ) -> dict:
         """REALM pre-training into OUTPUT/name with the index refresh `mode` ("off": the stale-index ablation) and the
         masking `spans` ("random_span": the random-span ablation); Figure 4's points (utility, recall@k) come from a
-        PretrainingEvalCallback on the same fixed queries in every run."""
+        PretrainingEvalCallback on the same fixed queries in every run (`queries`, default fixed_masked_queries of
+        the preset). extra_argv: more `train pretrain` flags (benchmarks/bench_learning.py)."""
         from transformers import AutoTokenizer
 
         from openrealm.tokenization.corpus import load_corpus
@@ -296,10 +300,11 @@ class Stages:
         ]  # fmt: skip
         if mode == "async":  # each index swapped in exactly refresh_every steps after its snapshot: reproducible
             argv += ["--refresh-lag", str(preset.refresh_every)]
-        args = parser.parse_args(argv + ([] if self.progress else ["--quiet"]))
+        args = parser.parse_args(argv + list(extra_argv) + ([] if self.progress else ["--quiet"]))
         tokenizer = AutoTokenizer.from_pretrained(corpus)
         blocks = load_corpus(corpus)
-        queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=self.seed + 1)
+        if queries is None:
+            queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=self.seed + 1)
         evaluation = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=preset.eval_every, k=k)
         pretrain.run(args, callbacks=[evaluation])
         return {"history": evaluation.history, "summary": self.path(name) / "pretraining.json"}
