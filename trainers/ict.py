@@ -564,11 +564,20 @@ def summary_line(trainer, summary: dict) -> str:
     return ", ".join(parts)
 
 
-def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool, inputs: Iterable = ()) -> None:
+def prepare_output(
+    output: str | os.PathLike,
+    overwrite: bool,
+    resume: bool,
+    inputs: Iterable = (),
+    earlier_run: Iterable[str] = ("checkpoint-*",),
+    resumable: bool = True,
+) -> None:
     """Refuse an OUTPUT that is, holds or lies inside one of `inputs` ((flag, path) pairs: the corpus, the model it
-    starts from...), and a non-empty OUTPUT unless resuming or overwriting; --overwrite removes the old
-    checkpoint-* folders (Trainer's rotation would otherwise count them as this run's). The staging folders of
-    checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty."""
+    starts from...), and a non-empty OUTPUT (an earlier run's) unless resuming or overwriting; --overwrite removes the
+    entries of OUTPUT matching the `earlier_run` patterns (the old checkpoint-* folders, which Trainer's rotation would
+    otherwise count as this run's and `--resume-from-checkpoint last` would continue). The staging folders of
+    checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty. resumable: whether the
+    job takes --resume-from-checkpoint (the refusal suggests it)."""
     check_apart(output, inputs, "--output")
     path = Path(output)
     main = int(os.environ.get("RANK", "0")) == 0
@@ -577,12 +586,17 @@ def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool, inp
     if resume or not path.is_dir() or not any(not is_staging_leftover(p.name) for p in path.iterdir()):
         return
     if not overwrite:
+        resuming = " or --resume-from-checkpoint to continue" if resumable else ""
         raise FileExistsError(
-            f"output folder {path} is not empty: pass --overwrite to replace it or --resume-from-checkpoint to continue"
+            f"output folder {path} is not empty: pass --overwrite to replace it{resuming}, or choose another --output"
         )
     if main:
-        for checkpoint in path.glob("checkpoint-*"):
-            shutil.rmtree(checkpoint)
+        for pattern in earlier_run:
+            for entry in path.glob(pattern):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
 
 
 def training_summary(args: argparse.Namespace, trainer, train_loss: float) -> dict:

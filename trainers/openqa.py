@@ -41,12 +41,12 @@ import torch
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
-from openrealm.file_utils import atomic_directory, check_apart
+from openrealm.file_utils import atomic_directory
 from openrealm.modeling_realm import kept_beside_model
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
-from openrealm.trainers.ict import google_warmup_steps
+from openrealm.trainers.ict import google_warmup_steps, prepare_output
 from openrealm.trainers.options import (
     EVAL_READER_BEAM_SIZE,
     MAX_DROPPED_SHARE,
@@ -507,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = [("--model", args.model), ("--embedder", args.embedder), ("--encoder", args.encoder),
               ("--corpus", args.corpus), ("--index", args.index), ("--train", args.train), ("--dev", args.dev),
               ("--gold-passages", args.gold_passages)]  # fmt: skip
-    check_apart(args.output, inputs, "--output")
+    prepare_output(args.output, args.overwrite, False, inputs, earlier_run=(), resumable=False)
     # The data first: a bad line is reported before the model loads, and before anything is written.
     gold_passages = read_gold_passages(args.gold_passages) if args.gold_passages else None
     train_dataset = load_qa_dataset(args.train, split=args.train_split)

@@ -370,6 +370,11 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
     parser.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: none)")
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train into a non-empty OUTPUT (its old checkpoints, index/ and refresh/ go)",
+    )
+    parser.add_argument(
         "--save-total-limit",
         type=int,
         default=2,
@@ -401,6 +406,7 @@ def train_openqa(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-split", default="train", help="split of a --train folder or Hub dataset (train)")
     parser.add_argument("--dev-split", default=None, help="split of a --dev folder or Hub dataset (default: auto)")
     parser.add_argument("--output", required=True, help="folder for the fine-tuned RealmForOpenQA")
+    parser.add_argument("--overwrite", action="store_true", help="replace the model an earlier run saved in OUTPUT")
     parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
     parser.add_argument("--batch-size", type=int, default=8, help="questions per step (ORQA: 1; default 8)")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=1, help="steps per update (default 1)")
