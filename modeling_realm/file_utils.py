@@ -249,10 +249,11 @@ def lock_path(destination: str | os.PathLike) -> str:
     return os.path.join(parent, f".{name}.lock")
 
 
-def _take_lock_file(path: str, destination: str) -> int | None:
-    """Open and flock `path` exclusively, waiting for the writer that holds it (said once in the log); returns the
-    descriptor, or None where the file system has no locks. A lock file that its releasing holder unlinked while
-    this process waited on it is not the lock any more: the new one is taken instead."""
+def _take_lock_file(path: str, destination: str, wait: bool = True) -> int | None:
+    """Open and flock `path` exclusively, waiting for the writer that holds it (said once in the log), or with `wait`
+    False raising WriterBusyError; returns the descriptor, or None where the file system has no locks. A lock file
+    that its releasing holder unlinked while this process waited on it is not the lock any more: the new one is taken
+    instead."""
     waited = False
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -260,8 +261,10 @@ def _take_lock_file(path: str, destination: str) -> int | None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                holder = os.pread(fd, 100, 0).decode("ascii", "replace").strip() or "unknown"
+                if not wait:
+                    raise WriterBusyError(destination, f"process {holder}") from None
                 if not waited:
-                    holder = os.pread(fd, 100, 0).decode("ascii", "replace").strip() or "unknown"
                     logger.warning("Waiting for another writer of %s to finish (process %s).", destination, holder)
                     waited = True
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -301,10 +304,22 @@ def _drop_lock_file(path: str, fd: int | None) -> None:
             os.close(fd)
 
 
+class WriterBusyError(FileExistsError):
+    """Another writer holds the lock of a folder that writer_lock(..., wait=False) was asked to take."""
+
+    def __init__(self, destination: str, holder: str):
+        self.destination, self.holder = destination, holder
+        super().__init__(
+            f"{destination} is being written by another process ({holder}): wait for it to finish, or choose "
+            "another folder"
+        )
+
+
 @contextlib.contextmanager
-def writer_lock(destination: str | os.PathLike) -> Iterator[str]:
+def writer_lock(destination: str | os.PathLike, wait: bool = True) -> Iterator[str]:
     """Hold the lock of writers of the folder (or file) `destination` for the block, waiting until no other writer,
-    in any process or thread, holds it; yields the real destination. Every atomic_directory write takes it, and a
+    in any process or thread, holds it (with `wait` False: raising WriterBusyError at once, e.g. for a training run,
+    which would otherwise wait hours to find the folder taken); yields the real destination. Every atomic_directory write takes it, and a
     read-modify-write (corpus add / remove / update) holds it from the read to the write, so that no writer builds
     on a version another one is replacing. The same thread may take it again inside the block.
 
@@ -318,11 +333,13 @@ def writer_lock(destination: str | os.PathLike) -> Iterator[str]:
     with _HELD_LOCKS_GUARD:
         held = _HELD_LOCKS.setdefault(path, _HeldLock())
     if not held.thread_lock.acquire(blocking=False):
+        if not wait:
+            raise WriterBusyError(destination, f"a thread of process {os.getpid()}")
         logger.warning("Waiting for another writer of %s to finish (a thread of this process).", destination)
         held.thread_lock.acquire()
     try:
         if held.depth == 0:
-            held.fd = _take_lock_file(path, destination) if fcntl is not None else None
+            held.fd = _take_lock_file(path, destination, wait) if fcntl is not None else None
         held.depth += 1
         try:
             yield destination
@@ -598,6 +615,7 @@ def _check_writable(destination: str, overwrite: bool, replaceable, keep, inputs
 __all__ = [
     "FileMapping",
     "FullDiskError",
+    "WriterBusyError",
     "apply_umask_modes",
     "atomic_directory",
     "check_apart",

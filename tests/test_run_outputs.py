@@ -1,14 +1,18 @@
 """A training job's --output holds one run (docs/guarantees.md): a job refuses a folder holding an earlier run unless
-told to replace it (--overwrite) or to continue it (--resume-from-checkpoint)."""
+told to replace it (--overwrite) or to continue it (--resume-from-checkpoint), and a folder that a running job is
+writing."""
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
+import test_checkpoints
 import test_pretrain
+import transformers
 from conftest import make_openqa_model
 from test_corpus_edit import write_jsonl
-from test_writers import files_under
+from test_writers import WAIT_SECONDS, files_under
 
 from openrealm.trainers.cli import main
 
@@ -92,3 +96,52 @@ def test_openqa_overwrite_replaces_the_earlier_model(openqa_inputs, tmp_path):
     assert main([*openqa_inputs, "--output", str(output)]) == 0
     assert main([*openqa_inputs, "--output", str(output), "--learning-rate", "1e-3", "--overwrite"]) == 0
     assert json.loads((output / "openqa_training.json").read_text())["learning_rate"] == 1e-3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Two runs into one --output at once
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_argv(job: str, corpus_dir: Path, output: Path, seed: int) -> list[str]:
+    """`openrealm train JOB` of two steps at a tiny size, into output."""
+    if job == "ict":
+        return [*test_checkpoints.job_argv("ict", corpus_dir, output, 2), "--seed", str(seed)]
+    argv = test_pretrain.pretrain_argv(
+        corpus_dir, output, "--max-steps", "2", "--batch-size", "2", "--seed", str(seed)
+    )
+    return ["train", "pretrain", *argv]
+
+
+@pytest.mark.parametrize("job", ["ict", "pretrain"])
+def test_a_second_run_into_the_output_of_a_running_one_is_refused_at_once(job, corpus, tmp_path, monkeypatch, capsys):
+    output, inside, go, results = tmp_path / "out", threading.Event(), threading.Event(), {}
+    training_step = transformers.Trainer.training_step
+
+    def held_step(self, *args, **kwargs):  # the first run waits inside its first step until the second has ended
+        if threading.current_thread().name == "first":
+            inside.set()
+            go.wait(WAIT_SECONDS)
+        return training_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.Trainer, "training_step", held_step)
+
+    def first() -> None:
+        results["first"] = main(run_argv(job, corpus, output, seed=1))
+
+    thread = threading.Thread(target=first, name="first")
+    thread.start()
+    try:
+        assert inside.wait(WAIT_SECONDS)
+        results["second"] = main(run_argv(job, corpus, output, seed=2))
+    finally:
+        go.set()
+        thread.join(WAIT_SECONDS)
+    assert results == {"first": 0, "second": 2}
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("openrealm: error: ")]
+    assert len(error) == 1 and f"{output} is being written by another process" in error[0]
+    summary = json.loads((output / ("ict_training.json" if job == "ict" else "pretraining.json")).read_text())
+    assert summary["seed"] == 1  # the first run's model, whole; nothing of the second
+    assert sorted(path.name for path in output.glob("checkpoint-*")) == (
+        ["checkpoint-1", "checkpoint-2"] if job == "ict" else []
+    )

@@ -17,10 +17,11 @@ result is a `RealmEmbedder` folder (plus the corpus tokenizer) in OUTPUT: `Realm
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
-from openrealm.file_utils import check_apart
+from openrealm.file_utils import check_apart, missing_folders, real_destination, remove_empty_folders, writer_lock
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
@@ -564,6 +565,28 @@ def summary_line(trainer, summary: dict) -> str:
     return ", ".join(parts)
 
 
+def holding_output(run: Callable[..., int]) -> Callable[..., int]:
+    """A training job's run(args, ...) holding the writer lock of args.output (file_utils.writer_lock) for the whole
+    run, on the main process (RANK 0): a second job into the same --output while one runs is refused at once
+    (WriterBusyError, exit 2) instead of both passing prepare_output's checks on a folder that is still empty and
+    then replacing each other's checkpoints and model. The lock is taken before prepare_output's checks."""
+
+    @functools.wraps(run)
+    def locked(args: argparse.Namespace, *more, **kwargs) -> int:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return run(args, *more, **kwargs)
+        parent = os.path.dirname(real_destination(args.output))
+        created = missing_folders(parent)  # for the lock file beside OUTPUT; removed again if left empty
+        os.makedirs(parent, exist_ok=True)
+        try:
+            with writer_lock(args.output, wait=False):
+                return run(args, *more, **kwargs)
+        finally:
+            remove_empty_folders(created)
+
+    return locked
+
+
 def prepare_output(
     output: str | os.PathLike,
     overwrite: bool,
@@ -617,6 +640,7 @@ def training_summary(args: argparse.Namespace, trainer, train_loss: float) -> di
     }
 
 
+@holding_output
 def run(args: argparse.Namespace) -> int:
     """`openrealm train ict`: train, save the embedder in args.output, optionally evaluate and push."""
     from transformers import AutoTokenizer

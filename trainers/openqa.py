@@ -46,7 +46,7 @@ from openrealm.modeling_realm import kept_beside_model
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
-from openrealm.trainers.ict import google_warmup_steps, prepare_output
+from openrealm.trainers.ict import google_warmup_steps, holding_output, prepare_output
 from openrealm.trainers.options import (
     EVAL_READER_BEAM_SIZE,
     MAX_DROPPED_SHARE,
@@ -499,6 +499,7 @@ def save_finetuned(model: RealmForOpenQA, output_dir: Path, summary: dict, dev_r
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@holding_output
 def run(args: argparse.Namespace) -> int:
     """`openrealm train openqa`: load or assemble the model, fine-tune, save the folder and the summary."""
     from transformers import set_seed

@@ -84,7 +84,7 @@ from openrealm.tokenization.corpus import (
 from openrealm.tokenization.masking import SKIP_REASONS, SalientSpanCollator
 from openrealm.trainers.checkpoints import StagedCheckpointTrainer, resolve_resume
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
-from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides, prepare_output
+from openrealm.trainers.ict import google_warmup_steps, holding_output, parse_config_overrides, prepare_output
 from openrealm.trainers.index_builder import build_index, leave_process_group, list_versions, load_index
 from openrealm.trainers.options import MAX_DROPPED_SHARE, train_pretrain
 from openrealm.trainers.output import quiet_trainer_logs
@@ -605,6 +605,7 @@ def push_to_hub(output: str | os.PathLike, repo: str, api=None, private: bool = 
     return pushed
 
 
+@holding_output
 def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = None) -> int:
     """`openrealm train pretrain`: build index v0, train with refreshes, save embedder/ and encoder/.
 
