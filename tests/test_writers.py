@@ -340,6 +340,21 @@ def test_a_plain_index_may_still_go_into_its_corpus_folder(paths):
     assert RealmRetriever.from_pretrained(corpus).index.num_blocks == len(TEXTS)
 
 
+def test_a_versioned_index_may_read_an_embedder_kept_beside_its_versions(paths, capsys):
+    # as the refresh of `train pretrain` does with a builder process per build: ROOT/.snapshots/step-N -> ROOT/vNNNNNN
+    root = paths["corpus"].parent / "index"
+    shutil.copytree(paths["embedder"], root / ".snapshots" / "step-2")
+    argv = ["index", "build", "--embedder", str(root / ".snapshots" / "step-2"), "--corpus", str(paths["corpus"]),
+            "--output", str(root), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    assert index_builder.list_versions(root) == [0]
+    # an embedder inside a version folder is one that pruning (--keep) would delete: refused
+    shutil.copytree(paths["embedder"], root / "v000000" / "embedder")
+    argv[3] = str(root / "v000000" / "embedder")
+    assert main([*argv, "--keep", "1"]) == 2
+    assert "apart from what the job reads" in capsys.readouterr().err
+
+
 def test_world_refuses_a_tokenizer_output_that_would_replace_the_world(tmp_path, capsys):
     world = tmp_path / "world"
     argv = ["world", "--output", str(world), "--tokenizer-output", str(world), "--num-people", "4", "--overwrite",

@@ -314,6 +314,16 @@ def is_index_version(folder: str | os.PathLike) -> bool:
     return (folder / BUILD_INFO_NAME).is_file() and (folder / INDEX_SUBDIR / "index_config.json").is_file()
 
 
+def beside_versions(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether `path` lies inside the index root `root` but outside its version folders (vNNNNNN), which are all a
+    versioned build writes or prunes: e.g. the embedder snapshot ROOT/.snapshots/step-N that a pre-training refresh
+    builds the next version from (compared as real paths)."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    if not path.startswith(root.rstrip(os.sep) + os.sep):
+        return False
+    return VERSION_PATTERN.match(os.path.relpath(path, root).split(os.sep)[0]) is None
+
+
 def list_versions(root: str | os.PathLike) -> list[int]:
     """Complete versions under an index root, ascending (builds in progress are hidden temp folders; other folders
     with a version-like name are not versions: they are never loaded nor pruned)."""
@@ -674,9 +684,10 @@ def run(args: argparse.Namespace) -> int:
     own_index = args.layout == "plain" and os.path.realpath(args.output) == os.path.realpath(
         Path(args.corpus, BLOCK_INDEX_DIR)
     )
-    check_apart(
-        args.output, [None if own_index else ("--corpus", args.corpus), ("--embedder", args.embedder)], "--output"
-    )
+    inputs = [None if own_index else ("--corpus", args.corpus), ("--embedder", args.embedder)]
+    if args.layout == "versioned":  # writes (and prunes) OUTPUT/vNNNNNN only: what lies beside them is left alone
+        inputs = [item for item in inputs if item is None or not beside_versions(item[1], args.output)]
+    check_apart(args.output, inputs, "--output")
     with writer_lock(args.corpus) if own_index and state.is_main_process else nullcontext():
         index = _build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
     if state.is_main_process:
