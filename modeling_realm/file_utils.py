@@ -319,9 +319,10 @@ class WriterBusyError(FileExistsError):
 def writer_lock(destination: str | os.PathLike, wait: bool = True) -> Iterator[str]:
     """Hold the lock of writers of the folder (or file) `destination` for the block, waiting until no other writer,
     in any process or thread, holds it (with `wait` False: raising WriterBusyError at once, e.g. for a training run,
-    which would otherwise wait hours to find the folder taken); yields the real destination. Every atomic_directory write takes it, and a
-    read-modify-write (corpus add / remove / update) holds it from the read to the write, so that no writer builds
-    on a version another one is replacing. The same thread may take it again inside the block.
+    which would otherwise wait hours to find the folder taken); yields the real destination. Every atomic_directory
+    write takes it, and a read-modify-write (corpus add / remove / update) holds it from the read to the write, so
+    that no writer builds on a version another one is replacing. The same thread may take it again inside the block.
+    Folders above `destination` that do not exist are made for the lock file, and removed again if left empty.
 
     It is an advisory lock (flock) on a file beside the destination (lock_path): released by the system when its
     holder dies, also by kill -9, so a killed writer never blocks the next one; on NFS the kernel turns it into an
@@ -330,26 +331,31 @@ def writer_lock(destination: str | os.PathLike, wait: bool = True) -> Iterator[s
     serialised."""
     destination = real_destination(destination)
     path = lock_path(destination)
+    created = missing_folders(os.path.dirname(destination))  # for the lock file; removed again if left empty
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
     with _HELD_LOCKS_GUARD:
         held = _HELD_LOCKS.setdefault(path, _HeldLock())
-    if not held.thread_lock.acquire(blocking=False):
-        if not wait:
-            raise WriterBusyError(destination, f"a thread of process {os.getpid()}")
-        logger.warning("Waiting for another writer of %s to finish (a thread of this process).", destination)
-        held.thread_lock.acquire()
     try:
-        if held.depth == 0:
-            held.fd = _take_lock_file(path, destination, wait) if fcntl is not None else None
-        held.depth += 1
+        if not held.thread_lock.acquire(blocking=False):
+            if not wait:
+                raise WriterBusyError(destination, f"a thread of process {os.getpid()}")
+            logger.warning("Waiting for another writer of %s to finish (a thread of this process).", destination)
+            held.thread_lock.acquire()
         try:
-            yield destination
-        finally:
-            held.depth -= 1
             if held.depth == 0:
-                fd, held.fd = held.fd, None
-                _drop_lock_file(path, fd)
+                held.fd = _take_lock_file(path, destination, wait) if fcntl is not None else None
+            held.depth += 1
+            try:
+                yield destination
+            finally:
+                held.depth -= 1
+                if held.depth == 0:
+                    fd, held.fd = held.fd, None
+                    _drop_lock_file(path, fd)
+        finally:
+            held.thread_lock.release()
     finally:
-        held.thread_lock.release()
+        remove_empty_folders(created)
 
 
 # Staging and retired folders are named after the destination, this machine and the writing process, so that the
@@ -579,10 +585,8 @@ def atomic_directory(
     refused only when `replaceable` is given too (then as check_replaceable says). A failed write leaves nothing
     behind, not even the parent folders it created."""
     destination = real_destination(destination)
-    created = missing_folders(os.path.dirname(destination))  # made for this write: removed again if it fails
-    os.makedirs(os.path.dirname(destination), exist_ok=True)
     try:
-        with writer_lock(destination):
+        with writer_lock(destination):  # makes the parent folders, and removes them again if the write fails
             _check_writable(destination, overwrite, replaceable, keep, inputs)
             clean_leftovers(destination)
             staging = staging_folder(destination)
@@ -595,7 +599,6 @@ def atomic_directory(
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
     except BaseException as error:
-        remove_empty_folders(created)
         full = full_disk_error(error, destination)
         if full is not None:
             raise full from error

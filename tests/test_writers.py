@@ -152,6 +152,16 @@ def test_an_add_racing_an_index_build_into_the_corpus_keeps_records_and_index_to
     assert retriever.block_ids_of_titles([FACT["title"]]) == [len(TEXTS)]
 
 
+def test_two_index_builds_into_one_root_at_once_write_one_version_each(corpus, tmp_path, monkeypatch, waiting):
+    tiny_embedder(seed=1).save_pretrained(tmp_path / "embedder")
+    argv = ["index", "build", "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output",
+            str(tmp_path / "index"), "--quiet"]  # fmt: skip
+    results = race(monkeypatch, waiting, lambda: main(argv), lambda: main(argv), held=index_builder)
+    assert results == {"first": 0, "second": 0}
+    assert waiting.is_set()  # the second chose its version once the first had written its own
+    assert index_builder.list_versions(tmp_path / "index") == [0, 1]
+
+
 @pytest.mark.parametrize("command", ["add", "remove"])
 def test_a_corpus_whose_files_disagree_is_refused_by_every_writer(corpus, tmp_path, command):
     state_path = corpus / "blocks" / "state.json"

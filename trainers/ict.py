@@ -33,7 +33,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
-from openrealm.file_utils import check_apart, missing_folders, real_destination, remove_empty_folders, writer_lock
+from openrealm.file_utils import check_apart, writer_lock
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
@@ -575,14 +575,8 @@ def holding_output(run: Callable[..., int]) -> Callable[..., int]:
     def locked(args: argparse.Namespace, *more, **kwargs) -> int:
         if int(os.environ.get("RANK", "0")) != 0:
             return run(args, *more, **kwargs)
-        parent = os.path.dirname(real_destination(args.output))
-        created = missing_folders(parent)  # for the lock file beside OUTPUT; removed again if left empty
-        os.makedirs(parent, exist_ok=True)
-        try:
-            with writer_lock(args.output, wait=False):
-                return run(args, *more, **kwargs)
-        finally:
-            remove_empty_folders(created)
+        with writer_lock(args.output, wait=False):
+            return run(args, *more, **kwargs)
 
     return locked
 

@@ -31,6 +31,7 @@ autocast is used where the device supports it (default on CUDA; float32 on CPU).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -421,6 +422,29 @@ def _fsync_dir(path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _default_versions_take_turns(build: Callable[..., RealmBlockIndex]) -> Callable[..., RealmBlockIndex]:
+    """build_index holding the index root's writer lock (file_utils.writer_lock) for a single-process versioned build
+    of the default version: builds started together on one root then take turns, each one past the version the
+    previous one wrote, instead of choosing the same version and the later one failing as it commits. A build of an
+    explicit version (the pre-training refresh's) takes no lock: a version that exists is refused. The processes of
+    a multi-process build each choose the default version as before."""
+
+    @functools.wraps(build)
+    def locked(embedder, corpus_dir, output_dir, **kwargs) -> RealmBlockIndex:
+        accelerator = kwargs.get("accelerator")
+        if (
+            kwargs.get("version") is not None
+            or kwargs.get("layout", "versioned") != "versioned"
+            or (accelerator is not None and accelerator.num_processes > 1)
+        ):
+            return build(embedder, corpus_dir, output_dir, **kwargs)
+        with writer_lock(Path(output_dir).absolute()):
+            return build(embedder, corpus_dir, output_dir, **kwargs)
+
+    return locked
+
+
+@_default_versions_take_turns
 def build_index(
     embedder: torch.nn.Module | str | os.PathLike,
     corpus_dir: str | os.PathLike,
