@@ -185,7 +185,9 @@ def check_replaceable(
     if not os.path.lexists(destination):
         return
     if not overwrite:
-        raise FileExistsError(f"{destination} already exists; choose another folder or pass overwrite=True.")
+        raise FileExistsError(
+            f"{destination} already exists: choose another folder, or pass --overwrite (overwrite=True in Python)"
+        )
     if path_within(os.getcwd(), destination):
         raise ValueError(f"Refusing to replace {destination}: it is or holds the working directory.")
     if replaceable is not None and not (os.path.isdir(destination) and not os.listdir(destination)):
