@@ -146,19 +146,17 @@ def check_apart(
     output_name: str = "",
     why: str = "the job writes",
     existing_only: bool = True,
-    inputs_inside: bool = False,
 ) -> None:
     """Raise ValueError when `output` (what a job writes) is, holds or lies inside one of `inputs` (what it reads),
     compared as real paths: replacing an output would delete an input inside it, and writing into an input changes
     it. inputs: paths, or (name, path) pairs that name them in the message (e.g. ("--corpus", path)); None is
     skipped, and so is a path that does not exist unless not existing_only (a Hub repo id is no local path).
-    output_name names the output in the message (e.g. "--output"). inputs_inside: an input may lie inside output (a
-    folder the job adds to without replacing it); only one holding output is refused."""
+    output_name names the output in the message (e.g. "--output")."""
     for item in inputs:
         name, path = item if isinstance(item, tuple) else ("the input", item)
         if path is None or (existing_only and not os.path.lexists(path)):
             continue
-        if path_within(path, output) and not inputs_inside:
+        if path_within(path, output):
             relation = "is" if os.path.realpath(path) == os.path.realpath(output) else "lies inside"
         elif path_within(output, path):
             relation = "holds"
@@ -187,7 +185,9 @@ def check_replaceable(
     if not os.path.lexists(destination):
         return
     if not overwrite:
-        raise FileExistsError(f"{destination} already exists; choose another folder or pass overwrite=True.")
+        raise FileExistsError(
+            f"{destination} already exists: choose another folder, or pass --overwrite (overwrite=True in Python)"
+        )
     if path_within(os.getcwd(), destination):
         raise ValueError(f"Refusing to replace {destination}: it is or holds the working directory.")
     if replaceable is not None and not (os.path.isdir(destination) and not os.listdir(destination)):
@@ -251,10 +251,11 @@ def lock_path(destination: str | os.PathLike) -> str:
     return os.path.join(parent, f".{name}.lock")
 
 
-def _take_lock_file(path: str, destination: str) -> int | None:
-    """Open and flock `path` exclusively, waiting for the writer that holds it (said once in the log); returns the
-    descriptor, or None where the file system has no locks. A lock file that its releasing holder unlinked while
-    this process waited on it is not the lock any more: the new one is taken instead."""
+def _take_lock_file(path: str, destination: str, wait: bool = True) -> int | None:
+    """Open and flock `path` exclusively, waiting for the writer that holds it (said once in the log), or with `wait`
+    False raising WriterBusyError; returns the descriptor, or None where the file system has no locks. A lock file
+    that its releasing holder unlinked while this process waited on it is not the lock any more: the new one is taken
+    instead."""
     waited = False
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -262,8 +263,10 @@ def _take_lock_file(path: str, destination: str) -> int | None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                holder = os.pread(fd, 100, 0).decode("ascii", "replace").strip() or "unknown"
+                if not wait:
+                    raise WriterBusyError(destination, f"process {holder}") from None
                 if not waited:
-                    holder = os.pread(fd, 100, 0).decode("ascii", "replace").strip() or "unknown"
                     logger.warning("Waiting for another writer of %s to finish (process %s).", destination, holder)
                     waited = True
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -303,12 +306,25 @@ def _drop_lock_file(path: str, fd: int | None) -> None:
             os.close(fd)
 
 
+class WriterBusyError(FileExistsError):
+    """Another writer holds the lock of a folder that writer_lock(..., wait=False) was asked to take."""
+
+    def __init__(self, destination: str, holder: str):
+        self.destination, self.holder = destination, holder
+        super().__init__(
+            f"{destination} is being written by another process ({holder}): wait for it to finish, or choose "
+            "another folder"
+        )
+
+
 @contextlib.contextmanager
-def writer_lock(destination: str | os.PathLike) -> Iterator[str]:
+def writer_lock(destination: str | os.PathLike, wait: bool = True) -> Iterator[str]:
     """Hold the lock of writers of the folder (or file) `destination` for the block, waiting until no other writer,
-    in any process or thread, holds it; yields the real destination. Every atomic_directory write takes it, and a
-    read-modify-write (corpus add / remove / update) holds it from the read to the write, so that no writer builds
-    on a version another one is replacing. The same thread may take it again inside the block.
+    in any process or thread, holds it (with `wait` False: raising WriterBusyError at once, e.g. for a training run,
+    which would otherwise wait hours to find the folder taken); yields the real destination. Every atomic_directory
+    write takes it, and a read-modify-write (corpus add / remove / update) holds it from the read to the write, so
+    that no writer builds on a version another one is replacing. The same thread may take it again inside the block.
+    Folders above `destination` that do not exist are made for the lock file, and removed again if left empty.
 
     It is an advisory lock (flock) on a file beside the destination (lock_path): released by the system when its
     holder dies, also by kill -9, so a killed writer never blocks the next one; on NFS the kernel turns it into an
@@ -317,24 +333,31 @@ def writer_lock(destination: str | os.PathLike) -> Iterator[str]:
     serialised."""
     destination = real_destination(destination)
     path = lock_path(destination)
+    created = missing_folders(os.path.dirname(destination))  # for the lock file; removed again if left empty
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
     with _HELD_LOCKS_GUARD:
         held = _HELD_LOCKS.setdefault(path, _HeldLock())
-    if not held.thread_lock.acquire(blocking=False):
-        logger.warning("Waiting for another writer of %s to finish (a thread of this process).", destination)
-        held.thread_lock.acquire()
     try:
-        if held.depth == 0:
-            held.fd = _take_lock_file(path, destination) if fcntl is not None else None
-        held.depth += 1
+        if not held.thread_lock.acquire(blocking=False):
+            if not wait:
+                raise WriterBusyError(destination, f"a thread of process {os.getpid()}")
+            logger.warning("Waiting for another writer of %s to finish (a thread of this process).", destination)
+            held.thread_lock.acquire()
         try:
-            yield destination
-        finally:
-            held.depth -= 1
             if held.depth == 0:
-                fd, held.fd = held.fd, None
-                _drop_lock_file(path, fd)
+                held.fd = _take_lock_file(path, destination, wait) if fcntl is not None else None
+            held.depth += 1
+            try:
+                yield destination
+            finally:
+                held.depth -= 1
+                if held.depth == 0:
+                    fd, held.fd = held.fd, None
+                    _drop_lock_file(path, fd)
+        finally:
+            held.thread_lock.release()
     finally:
-        held.thread_lock.release()
+        remove_empty_folders(created)
 
 
 # Staging and retired folders are named after the destination, this machine and the writing process, so that the
@@ -564,10 +587,8 @@ def atomic_directory(
     refused only when `replaceable` is given too (then as check_replaceable says). A failed write leaves nothing
     behind, not even the parent folders it created."""
     destination = real_destination(destination)
-    created = missing_folders(os.path.dirname(destination))  # made for this write: removed again if it fails
-    os.makedirs(os.path.dirname(destination), exist_ok=True)
     try:
-        with writer_lock(destination):
+        with writer_lock(destination):  # makes the parent folders, and removes them again if the write fails
             _check_writable(destination, overwrite, replaceable, keep, inputs)
             clean_leftovers(destination)
             staging = staging_folder(destination)
@@ -580,7 +601,6 @@ def atomic_directory(
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
     except BaseException as error:
-        remove_empty_folders(created)
         full = full_disk_error(error, destination)
         if full is not None:
             raise full from error
@@ -600,6 +620,7 @@ def _check_writable(destination: str, overwrite: bool, replaceable, keep, inputs
 __all__ = [
     "FileMapping",
     "FullDiskError",
+    "WriterBusyError",
     "apply_umask_modes",
     "atomic_directory",
     "check_apart",

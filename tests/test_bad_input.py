@@ -401,6 +401,28 @@ def test_evaluate_refuses_a_batch_size_below_one(tmp_path, capsys, value):
     )
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "index build --embedder E --corpus C --output O --batch-size 0",
+        "corpus add --corpus C --input A.jsonl --batch-size 0",
+        "train ict --corpus C --init random --output O --max-steps 1 --batch-size 0",
+        "train mlm --corpus C --init random --output O --max-steps 1 --batch-size 0",
+        "train pretrain --corpus C --embedder E --encoder E --output O --max-steps 1 --refresh-every 1 --batch-size 0",
+        "train pretrain --corpus C --embedder E --encoder E --output O --max-steps 1 --refresh-every 1 "
+        "--index-batch-size 0",
+        "train openqa --model M --train Q.jsonl --output O --max-steps 1 --batch-size 0",
+    ],
+    ids=["index build", "corpus add", "ict", "mlm", "pretrain", "pretrain index", "openqa"],
+)
+def test_a_batch_size_below_one_is_refused_naming_the_flag(argv, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv.split())
+    assert exited.value.code == 2
+    flag = argv.split()[-2]
+    assert f"argument {flag}: must be a positive integer (at least 1), got 0" in capsys.readouterr().err
+
+
 def test_evaluate_refuses_a_recall_k_of_zero(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
         main([*evaluate_argv(tmp_path, "--output", str(tmp_path / "r.json")), "--recall-k", "1", "0"])

@@ -22,6 +22,22 @@ def test_convert_writes_the_new_layout_and_overwrite_replaces_its_model_files(tm
     assert "Converted" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["convert", str(fixture_folder("embedder", "hub"))], ["world", "--num-people", "4", "--quiet", "--output"]],
+    ids=["convert", "world"],
+)
+def test_an_existing_output_is_refused_naming_the_overwrite_flag(argv, tmp_path, capsys):
+    assert main([*argv, str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert main([*argv, str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err.strip()
+    expected = (
+        f"{tmp_path / 'out'} already exists: choose another folder, or pass --overwrite (overwrite=True in Python)"
+    )
+    assert error == f"openrealm: error: {expected}"
+
+
 def test_ask_prints_answers_with_their_blocks_as_json(tmp_path, capsys):
     make_openqa_model(seed=0).save_pretrained(tmp_path)
     assert main(["ask", "--model", str(tmp_path), "--json", "--top-k", "2", "where does the nile flow ?"]) == 0

@@ -2,14 +2,19 @@
 (model-index), the corpus and the citation; no network (a recording stand-in for HfApi)."""
 
 import json
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
+import test_writers
 import torch
 import yaml
 from conftest import BLOCK_TEXTS, make_openqa_model
 from huggingface_hub import ModelCard
 from huggingface_hub.utils import filter_repo_objects
+from test_writers import LOCK_HOLDER, WAIT_SECONDS
 
 from openrealm.hub_cards import realm_model_card
 from openrealm.hub_cards.model_card import REALM_BIBTEX, open_qa_model_card
@@ -17,6 +22,8 @@ from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_open_qa, write_results
 from openrealm.trainers.push import push_open_qa_model
 
+waiting = test_writers.waiting  # the fixture: an event set when a writer starts waiting for another one
+PUSH_WAIT_SECONDS = 30  # for a push to start waiting for the writer holding the folder's lock
 QUESTIONS = [
     {"question": "where does the nile flow ?", "answers": ["egypt"]},
     {"question": "which river flows through london ?", "answers": ["thames"]},
@@ -214,3 +221,27 @@ def test_without_eval_results_the_card_keeps_the_folders_own_dev_results_and_tra
     (entry,) = card_metadata(card)["model-index"]
     assert [result["dataset"]["name"] for result in entry["results"]] == ["toy-dev"]
     assert "steps: 123" in card and "training data: toy-train" in card
+
+
+def test_push_waits_for_a_writer_of_the_folder_and_uploads_the_version_it_wrote(folder, tmp_path, waiting):
+    # a save of the folder (e.g. `train openqa --overwrite`) holds its lock: an upload meanwhile would send files of
+    # two versions (new weights beside the old index), and the card would be written into the version being replaced
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(folder)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline() == "held\n"
+    api, pushed = RecordingHfApi(), threading.Event()
+
+    def push() -> None:
+        push_open_qa_model(folder, "me/realm-waits", api=api)
+        pushed.set()
+
+    pushing = threading.Thread(target=push)
+    pushing.start()
+    try:
+        assert waiting.wait(PUSH_WAIT_SECONDS), "the push did not wait for the writer"
+        assert api.uploads == {} and not pushed.is_set()
+    finally:
+        holder.communicate("\n", timeout=WAIT_SECONDS)
+        pushing.join(WAIT_SECONDS)
+    assert pushed.is_set()
+    assert api.uploads["me/realm-waits"]["model.safetensors"] == (folder / "model.safetensors").read_bytes()

@@ -152,6 +152,16 @@ def test_an_add_racing_an_index_build_into_the_corpus_keeps_records_and_index_to
     assert retriever.block_ids_of_titles([FACT["title"]]) == [len(TEXTS)]
 
 
+def test_two_index_builds_into_one_root_at_once_write_one_version_each(corpus, tmp_path, monkeypatch, waiting):
+    tiny_embedder(seed=1).save_pretrained(tmp_path / "embedder")
+    argv = ["index", "build", "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output",
+            str(tmp_path / "index"), "--quiet"]  # fmt: skip
+    results = race(monkeypatch, waiting, lambda: main(argv), lambda: main(argv), held=index_builder)
+    assert results == {"first": 0, "second": 0}
+    assert waiting.is_set()  # the second chose its version once the first had written its own
+    assert index_builder.list_versions(tmp_path / "index") == [0, 1]
+
+
 @pytest.mark.parametrize("command", ["add", "remove"])
 def test_a_corpus_whose_files_disagree_is_refused_by_every_writer(corpus, tmp_path, command):
     state_path = corpus / "blocks" / "state.json"
@@ -340,24 +350,19 @@ def test_a_plain_index_may_still_go_into_its_corpus_folder(paths):
     assert RealmRetriever.from_pretrained(corpus).index.num_blocks == len(TEXTS)
 
 
-def test_a_versioned_index_build_reads_an_embedder_snapshot_kept_beside_its_versions(paths):
-    root = paths["model"].parent / "index"
-    shutil.copytree(paths["embedder"], root / ".snapshots" / "step-2")  # where asynchronous refresh keeps them
+def test_a_versioned_index_may_read_an_embedder_kept_beside_its_versions(paths, capsys):
+    # as the refresh of `train pretrain` does with a builder process per build: ROOT/.snapshots/step-N -> ROOT/vNNNNNN
+    root = paths["corpus"].parent / "index"
+    shutil.copytree(paths["embedder"], root / ".snapshots" / "step-2")
     argv = ["index", "build", "--embedder", str(root / ".snapshots" / "step-2"), "--corpus", str(paths["corpus"]),
             "--output", str(root), "--quiet"]  # fmt: skip
     assert main(argv) == 0
-    assert (root / "v000000" / "block_index" / "index_config.json").is_file()
-
-
-def test_a_versioned_index_build_refuses_an_embedder_inside_a_version_folder(paths, capsys):
-    root = paths["model"].parent / "index"
-    shutil.copytree(paths["embedder"], root / "v000003" / "embedder")  # a version --keep 1 would prune
-    before = files_under(root / "v000003")
-    argv = ["index", "build", "--embedder", str(root / "v000003" / "embedder"), "--corpus", str(paths["corpus"]),
-            "--output", str(root), "--keep", "1", "--quiet"]  # fmt: skip
-    assert main(argv) == 2
-    assert "the version folder" in capsys.readouterr().err
-    assert files_under(root / "v000003") == before
+    assert index_builder.list_versions(root) == [0]
+    # an embedder inside a version folder is one that pruning (--keep) would delete: refused
+    shutil.copytree(paths["embedder"], root / "v000000" / "embedder")
+    argv[3] = str(root / "v000000" / "embedder")
+    assert main([*argv, "--keep", "1"]) == 2
+    assert "apart from what the job reads" in capsys.readouterr().err
 
 
 def test_world_refuses_a_tokenizer_output_that_would_replace_the_world(tmp_path, capsys):

@@ -17,10 +17,11 @@ result is a `RealmEmbedder` folder (plus the corpus tokenizer) in OUTPUT: `Realm
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
-from openrealm.file_utils import check_apart
+from openrealm.file_utils import check_apart, writer_lock
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
@@ -564,11 +565,36 @@ def summary_line(trainer, summary: dict) -> str:
     return ", ".join(parts)
 
 
-def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool, inputs: Iterable = ()) -> None:
+def holding_output(run: Callable[..., int]) -> Callable[..., int]:
+    """A training job's run(args, ...) holding the writer lock of args.output (file_utils.writer_lock) for the whole
+    run, on the main process (RANK 0): a second job into the same --output while one runs is refused at once
+    (WriterBusyError, exit 2) instead of both passing prepare_output's checks on a folder that is still empty and
+    then replacing each other's checkpoints and model. The lock is taken before prepare_output's checks."""
+
+    @functools.wraps(run)
+    def locked(args: argparse.Namespace, *more, **kwargs) -> int:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return run(args, *more, **kwargs)
+        with writer_lock(args.output, wait=False):
+            return run(args, *more, **kwargs)
+
+    return locked
+
+
+def prepare_output(
+    output: str | os.PathLike,
+    overwrite: bool,
+    resume: bool,
+    inputs: Iterable = (),
+    earlier_run: Iterable[str] = ("checkpoint-*",),
+    resumable: bool = True,
+) -> None:
     """Refuse an OUTPUT that is, holds or lies inside one of `inputs` ((flag, path) pairs: the corpus, the model it
-    starts from...), and a non-empty OUTPUT unless resuming or overwriting; --overwrite removes the old
-    checkpoint-* folders (Trainer's rotation would otherwise count them as this run's). The staging folders of
-    checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty."""
+    starts from...), and a non-empty OUTPUT (an earlier run's) unless resuming or overwriting; --overwrite removes the
+    entries of OUTPUT matching the `earlier_run` patterns (the old checkpoint-* folders, which Trainer's rotation would
+    otherwise count as this run's and `--resume-from-checkpoint last` would continue). The staging folders of
+    checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty. resumable: whether the
+    job takes --resume-from-checkpoint (the refusal suggests it)."""
     check_apart(output, inputs, "--output")
     path = Path(output)
     main = int(os.environ.get("RANK", "0")) == 0
@@ -577,12 +603,17 @@ def prepare_output(output: str | os.PathLike, overwrite: bool, resume: bool, inp
     if resume or not path.is_dir() or not any(not is_staging_leftover(p.name) for p in path.iterdir()):
         return
     if not overwrite:
+        resuming = " or --resume-from-checkpoint to continue" if resumable else ""
         raise FileExistsError(
-            f"output folder {path} is not empty: pass --overwrite to replace it or --resume-from-checkpoint to continue"
+            f"output folder {path} is not empty: pass --overwrite to replace it{resuming}, or choose another --output"
         )
     if main:
-        for checkpoint in path.glob("checkpoint-*"):
-            shutil.rmtree(checkpoint)
+        for pattern in earlier_run:
+            for entry in path.glob(pattern):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
 
 
 def training_summary(args: argparse.Namespace, trainer, train_loss: float) -> dict:
@@ -603,6 +634,7 @@ def training_summary(args: argparse.Namespace, trainer, train_loss: float) -> di
     }
 
 
+@holding_output
 def run(args: argparse.Namespace) -> int:
     """`openrealm train ict`: train, save the embedder in args.output, optionally evaluate and push."""
     from transformers import AutoTokenizer

@@ -31,6 +31,7 @@ autocast is used where the device supports it (default on CUDA; float32 on CPU).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -314,6 +315,16 @@ def is_index_version(folder: str | os.PathLike) -> bool:
     return (folder / BUILD_INFO_NAME).is_file() and (folder / INDEX_SUBDIR / "index_config.json").is_file()
 
 
+def beside_versions(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether `path` lies inside the index root `root` but outside its version folders (vNNNNNN), which are all a
+    versioned build writes or prunes: e.g. the embedder snapshot ROOT/.snapshots/step-N that a pre-training refresh
+    builds the next version from (compared as real paths)."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    if not path.startswith(root.rstrip(os.sep) + os.sep):
+        return False
+    return VERSION_PATTERN.match(os.path.relpath(path, root).split(os.sep)[0]) is None
+
+
 def list_versions(root: str | os.PathLike) -> list[int]:
     """Complete versions under an index root, ascending (builds in progress are hidden temp folders; other folders
     with a version-like name are not versions: they are never loaded nor pruned)."""
@@ -411,6 +422,29 @@ def _fsync_dir(path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _default_versions_take_turns(build: Callable[..., RealmBlockIndex]) -> Callable[..., RealmBlockIndex]:
+    """build_index holding the index root's writer lock (file_utils.writer_lock) for a single-process versioned build
+    of the default version: builds started together on one root then take turns, each one past the version the
+    previous one wrote, instead of choosing the same version and the later one failing as it commits. A build of an
+    explicit version (the pre-training refresh's) takes no lock: a version that exists is refused. The processes of
+    a multi-process build each choose the default version as before."""
+
+    @functools.wraps(build)
+    def locked(embedder, corpus_dir, output_dir, **kwargs) -> RealmBlockIndex:
+        accelerator = kwargs.get("accelerator")
+        if (
+            kwargs.get("version") is not None
+            or kwargs.get("layout", "versioned") != "versioned"
+            or (accelerator is not None and accelerator.num_processes > 1)
+        ):
+            return build(embedder, corpus_dir, output_dir, **kwargs)
+        with writer_lock(Path(output_dir).absolute()):
+            return build(embedder, corpus_dir, output_dir, **kwargs)
+
+    return locked
+
+
+@_default_versions_take_turns
 def build_index(
     embedder: torch.nn.Module | str | os.PathLike,
     corpus_dir: str | os.PathLike,
@@ -675,17 +709,9 @@ def run(args: argparse.Namespace) -> int:
         Path(args.corpus, BLOCK_INDEX_DIR)
     )
     inputs = [None if own_index else ("--corpus", args.corpus), ("--embedder", args.embedder)]
-    if args.layout == "versioned":
-        # A versioned build writes OUTPUT/vNNNNNN and may prune older versions (--keep): an input must lie apart from
-        # every version folder and must not hold OUTPUT; elsewhere inside OUTPUT it is never written (the embedder
-        # snapshots that asynchronous refresh keeps in OUTPUT/.snapshots).
-        root = Path(args.output)
-        version = args.version if args.version is not None else next_version(root)
-        check_apart(root, inputs, "--output", inputs_inside=True)
-        for folder in {root / version_dir_name(version), *_version_names(root).values()}:
-            check_apart(folder, inputs, "the version folder")
-    else:
-        check_apart(args.output, inputs, "--output")
+    if args.layout == "versioned":  # writes (and prunes) OUTPUT/vNNNNNN only: what lies beside them is left alone
+        inputs = [item for item in inputs if item is None or not beside_versions(item[1], args.output)]
+    check_apart(args.output, inputs, "--output")
     with writer_lock(args.corpus) if own_index and state.is_main_process else nullcontext():
         index = _build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
     if state.is_main_process:

@@ -31,7 +31,7 @@ from openrealm import RealmKnowledgeAugEncoder
 from openrealm.tokenization.corpus import MAX_BLOCK_LENGTH, block_retriever_inputs, load_corpus, read_removed_block_ids
 from openrealm.trainers.checkpoints import StagedCheckpointTrainer, resolve_resume
 from openrealm.trainers.dropped import check_dropped
-from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides, prepare_output
+from openrealm.trainers.ict import google_warmup_steps, holding_output, parse_config_overrides, prepare_output
 from openrealm.trainers.index_builder import leave_process_group
 from openrealm.trainers.options import MAX_DROPPED_SHARE, train_mlm
 from openrealm.trainers.output import quiet_trainer_logs
@@ -184,6 +184,7 @@ def build_trainer(args: argparse.Namespace, model: MaskedLmModel, tokenizer, dat
     return quiet_trainer_logs(trainer, verbose=getattr(args, "verbose", False))
 
 
+@holding_output
 def run(args: argparse.Namespace) -> int:
     """`openrealm train mlm`: measure, train, measure again, save the encoder (and mlm_training.json) in args.output."""
     from transformers import AutoTokenizer

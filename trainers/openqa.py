@@ -41,12 +41,12 @@ import torch
 from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
-from openrealm.file_utils import atomic_directory, check_apart
+from openrealm.file_utils import atomic_directory
 from openrealm.modeling_realm import kept_beside_model
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
-from openrealm.trainers.ict import google_warmup_steps
+from openrealm.trainers.ict import google_warmup_steps, holding_output, prepare_output
 from openrealm.trainers.options import (
     EVAL_READER_BEAM_SIZE,
     MAX_DROPPED_SHARE,
@@ -499,6 +499,7 @@ def save_finetuned(model: RealmForOpenQA, output_dir: Path, summary: dict, dev_r
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@holding_output
 def run(args: argparse.Namespace) -> int:
     """`openrealm train openqa`: load or assemble the model, fine-tune, save the folder and the summary."""
     from transformers import set_seed
@@ -507,7 +508,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = [("--model", args.model), ("--embedder", args.embedder), ("--encoder", args.encoder),
               ("--corpus", args.corpus), ("--index", args.index), ("--train", args.train), ("--dev", args.dev),
               ("--gold-passages", args.gold_passages)]  # fmt: skip
-    check_apart(args.output, inputs, "--output")
+    prepare_output(args.output, args.overwrite, False, inputs, earlier_run=(), resumable=False)
     # The data first: a bad line is reported before the model loads, and before anything is written.
     gold_passages = read_gold_passages(args.gold_passages) if args.gold_passages else None
     train_dataset = load_qa_dataset(args.train, split=args.train_split)

@@ -162,7 +162,7 @@ def _corpus_edit(parser: argparse.ArgumentParser, command: str) -> None:
             default="regex",
             help="salient spans of the new blocks, as corpus build's --spans (corpus folders)",
         )
-        parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass")
+        parser.add_argument("--batch-size", type=positive_int, default=128, help="blocks per forward pass")
         parser.add_argument("--device", default=None, help="where to embed (default cuda if available, else cpu)")
         deduplicate_option(parser, default=None)
     if command == "remove":
@@ -189,7 +189,7 @@ def train_ict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (Google: 100000 at batch 4096)")
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=positive_int,
         default=64,
         help="examples per process; the negatives are the global batch (Google: 4096) (default 64)",
     )
@@ -283,7 +283,7 @@ def train_mlm(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output", required=True, help="folder for the trained RealmKnowledgeAugEncoder + tokenizer")
     parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
-    parser.add_argument("--batch-size", type=int, default=32, help="blocks per step and process (default 32)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="blocks per step and process (default 32)")
     parser.add_argument("--learning-rate", type=float, default=5e-5, help="peak AdamW lr (default 5e-5)")
     parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
     parser.add_argument(
@@ -340,13 +340,17 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="under accelerate launch, each process holds 1/N of the index and searches are merged across processes",
     )
-    parser.add_argument("--index-batch-size", type=int, default=128, help="blocks per forward pass when indexing")
+    parser.add_argument(
+        "--index-batch-size", type=positive_int, default=128, help="blocks per forward pass when indexing"
+    )
     parser.add_argument(
         "--builder-device",
         default=None,
         help="device of the async index builder (default: a GPU no training process uses, else cuda:0, else cpu)",
     )
-    parser.add_argument("--batch-size", type=int, default=4, help="queries per step (Google local: 4, paper: 512)")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=4, help="queries per step (Google local: 4, paper: 512)"
+    )
     parser.add_argument(
         "--learning-rate", type=float, default=PRETRAIN_LEARNING_RATE, help="peak AdamW lr (default 3e-5)"
     )
@@ -387,6 +391,11 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
     parser.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: none)")
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train into a non-empty OUTPUT (its old checkpoints, index/ and refresh/ go)",
+    )
+    parser.add_argument(
         "--save-total-limit",
         type=int,
         default=2,
@@ -418,8 +427,9 @@ def train_openqa(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-split", default="train", help="split of a --train folder or Hub dataset (train)")
     parser.add_argument("--dev-split", default=None, help="split of a --dev folder or Hub dataset (default: auto)")
     parser.add_argument("--output", required=True, help="folder for the fine-tuned RealmForOpenQA")
+    parser.add_argument("--overwrite", action="store_true", help="replace the model an earlier run saved in OUTPUT")
     parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
-    parser.add_argument("--batch-size", type=int, default=8, help="questions per step (ORQA: 1; default 8)")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="questions per step (ORQA: 1; default 8)")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=1, help="steps per update (default 1)")
     parser.add_argument(
         "--learning-rate", type=float, default=OPENQA_LEARNING_RATE, help="peak AdamW lr (default 1e-5)"
@@ -483,7 +493,7 @@ def index_build(parser: argparse.ArgumentParser, served: bool = False) -> None:
         default=1,
         help="write an exact index as N files, one per process of a `train pretrain --shard-index` run (default 1)",
     )
-    parser.add_argument("--batch-size", type=int, default=128, help="blocks per forward pass, per process")
+    parser.add_argument("--batch-size", type=positive_int, default=128, help="blocks per forward pass, per process")
     parser.add_argument(
         "--max-length", type=int, default=None, help="wordpieces per block (default 288, or what the embedder reads)"
     )

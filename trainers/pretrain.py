@@ -83,10 +83,10 @@ from openrealm.tokenization.corpus import (
     read_removed_block_ids,
 )
 from openrealm.tokenization.masking import SKIP_REASONS, SalientSpanCollator
-from openrealm.trainers.checkpoints import StagedCheckpointTrainer, remove_stale_staging, resolve_resume
+from openrealm.trainers.checkpoints import StagedCheckpointTrainer, resolve_resume
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
-from openrealm.trainers.ict import google_warmup_steps, parse_config_overrides
-from openrealm.trainers.index_builder import build_index, leave_process_group, load_index
+from openrealm.trainers.ict import google_warmup_steps, holding_output, parse_config_overrides, prepare_output
+from openrealm.trainers.index_builder import build_index, leave_process_group, list_versions, load_index
 from openrealm.trainers.options import MAX_DROPPED_SHARE, train_pretrain
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.pretrain_eval import held_out_query_blocks
@@ -122,6 +122,9 @@ QUERY_EMBEDDER_DIR = "query_embedder"
 CHECKPOINT_FILES = (TRAINER_STATE_NAME, REFRESH_STATE_NAME)  # what a whole pre-training checkpoint holds
 TOWERS = ("embedder", "encoder", "scorer")
 RANK_RECORDS_DIR = "refresh"  # OUTPUT/refresh/rank-R.json: the index versions each process used, by step
+# What --overwrite removes of an earlier run in OUTPUT: its checkpoints, its index versions (the default --index-root,
+# OUTPUT/index, whose versions this run's would collide with) and its rank records.
+EARLIER_RUN = (f"{PREFIX_CHECKPOINT_DIR}-*", "index", RANK_RECORDS_DIR)
 # Logged counters: the examples' (COUNTERS), queries the masker skipped (in all, and by reason), per-process batches
 # left with no example (a zero-loss step, see RealmPretrainingModel._skipped_batch_output).
 SKIPPED_COUNTERS = tuple(f"num_skipped_{reason}" for reason in SKIP_REASONS)
@@ -620,6 +623,7 @@ def push_to_hub(output: str | os.PathLike, repo: str, api=None, private: bool = 
     return pushed
 
 
+@holding_output
 def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = None) -> int:
     """`openrealm train pretrain`: build index v0, train with refreshes, save embedder/ and encoder/.
 
@@ -633,8 +637,15 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
 
     inputs = [("--corpus", args.corpus), ("--embedder", args.embedder), ("--encoder", args.encoder),
               ("--tokenizer", args.tokenizer), ("--index", args.index)]  # fmt: skip
-    check_apart(args.output, inputs, "--output")  # before anything loads
+    resuming = getattr(args, "resume_from_checkpoint", None) is not None
+    # before anything loads: an output apart from the inputs, holding no earlier run unless resumed or overwritten
+    prepare_output(args.output, getattr(args, "overwrite", False), resuming, inputs, EARLIER_RUN)
     check_apart(args.index_root or Path(args.output) / "index", inputs, "--index-root")
+    if args.index_root and not resuming and list_versions(args.index_root):
+        raise FileExistsError(
+            f"--index-root {args.index_root} already holds index versions of another run, which this run's would "
+            "collide with: choose an empty --index-root, or pass --resume-from-checkpoint to continue that run"
+        )
     lag = getattr(args, "refresh_lag", None)
     try:  # before any index is built
         check_refresh_settings(args.refresh_mode, args.refresh_every, lag)
@@ -672,8 +683,6 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     embedder = load_embedder(args.embedder, tokenizer, overrides, args.seed, "--embedder")
     encoder = load_encoder(args.encoder, tokenizer, overrides, args.seed, "--encoder")
     fit_sequence_lengths(args, embedder, encoder, tokenizer)
-    if state.is_main_process:
-        remove_stale_staging(args.output)
     state.wait_for_everyone()
     checkpoint = resolve_resume(getattr(args, "resume_from_checkpoint", None), args.output, CHECKPOINT_FILES)
     if checkpoint is None:

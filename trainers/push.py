@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from openrealm.configuration_realm import read_json_object
-from openrealm.file_utils import write_text_atomic
+from openrealm.file_utils import write_text_atomic, writer_lock
 from openrealm.hub_cards.model_card import open_qa_model_card
 from openrealm.hub_cards.space_app import write_space_app
 from openrealm.trainers.evaluation import read_results
@@ -67,37 +67,40 @@ def push_open_qa_model(
     """Write the model card into FOLDER/README.md (model-index from the evaluation JSONs) and, with `with_demo`, a
     Space-ready Gradio app (hub_cards/space_app.py); upload the folder to `repo_id` (created if needed). Returns what
     `upload_folder` returns (the commit URL). Without eval_results / training_summary, the folder's own dev results
-    and fine-tuning summary (written by `openrealm train openqa`) are used when present."""
+    and fine-tuning summary (written by `openrealm train openqa`) are used when present. The whole push holds the
+    folder's writer lock (file_utils.writer_lock): it waits for a save into the folder, whose swap would otherwise
+    mix two versions in the upload and leave the card in the version replaced."""
     from huggingface_hub import HfApi
 
-    config = check_open_qa_folder(folder)
-    # what `openrealm train openqa` left in the folder, so that a push does not drop it from the card
-    if not eval_results and (Path(folder) / OPENQA_DEV_RESULTS_NAME).is_file():
-        eval_results = [Path(folder) / OPENQA_DEV_RESULTS_NAME]
-    if training_summary is None and (Path(folder) / OPENQA_SUMMARY_NAME).is_file():
-        training_summary = Path(folder) / OPENQA_SUMMARY_NAME
-    evaluations = [read_results(path) for path in eval_results]
-    summary = read_json_object(training_summary) if training_summary else None
-    card = open_qa_model_card(
-        evaluations,
-        model_name=repo_id,
-        training_summary=summary,
-        num_blocks=config.get("num_block_records"),
-        corpus=corpus,
-        datasets=list(datasets) if datasets else None,
-        with_demo=with_demo,
-    )
-    if with_demo:
-        write_space_app(folder, repo_id)
-    write_model_card(folder, card)
-    api = api or HfApi()
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    return api.upload_folder(
-        repo_id=repo_id,
-        folder_path=str(folder),
-        commit_message="Upload REALM open-QA model",
-        ignore_patterns=IGNORE_PATTERNS,
-    )
+    with writer_lock(folder):
+        config = check_open_qa_folder(folder)
+        # what `openrealm train openqa` left in the folder, so that a push does not drop it from the card
+        if not eval_results and (Path(folder) / OPENQA_DEV_RESULTS_NAME).is_file():
+            eval_results = [Path(folder) / OPENQA_DEV_RESULTS_NAME]
+        if training_summary is None and (Path(folder) / OPENQA_SUMMARY_NAME).is_file():
+            training_summary = Path(folder) / OPENQA_SUMMARY_NAME
+        evaluations = [read_results(path) for path in eval_results]
+        summary = read_json_object(training_summary) if training_summary else None
+        card = open_qa_model_card(
+            evaluations,
+            model_name=repo_id,
+            training_summary=summary,
+            num_blocks=config.get("num_block_records"),
+            corpus=corpus,
+            datasets=list(datasets) if datasets else None,
+            with_demo=with_demo,
+        )
+        if with_demo:
+            write_space_app(folder, repo_id)
+        write_model_card(folder, card)
+        api = api or HfApi()
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            commit_message="Upload REALM open-QA model",
+            ignore_patterns=IGNORE_PATTERNS,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
