@@ -42,6 +42,7 @@ TRAINING_METRICS = (
     "null_doc_prob",
     "answer_in_candidates",
     "answer_posterior_gain",
+    "answer_reader_advantage",
     "retrieval_utility",
 )
 METRICS = (
@@ -82,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--oracle-reader-weight",
-        type=float,
-        default=0.0,
-        help="train pretrain --oracle-reader-weight: 1 trains the retriever with the oracle reader alone (default 0)",
+        default="0",
+        help="train pretrain --oracle-reader-weight, or several (comma-separated): 1 trains the retriever with the "
+        "oracle reader alone (default 0)",
     )
-    parser.add_argument("--num-candidates", type=int, default=None, help="K, null included (default: the preset's)")
+    parser.add_argument(
+        "--num-candidates", default=None, help="K, null included, or several (comma-separated; default: the preset's)"
+    )
     parser.add_argument(
         "--hold-out",
         type=int,
@@ -118,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         pretrain_learning_rate=args.learning_rate,
         pretrain_embedder_learning_rate=embedder_lr,
         eval_every=args.eval_every,
-        pretrain_num_candidates=args.num_candidates or PRESETS["default"].pretrain_num_candidates,
     )
     stages = Stages(output, preset, args.seed, progress=False)
     corpus = stages.run("corpus", stages.corpus, stages.run("world", stages.world))
@@ -143,9 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         block_ids=held_out,
         queries_per_block=args.queries_per_block,
     )
-    extra = ["--oracle-reader-weight", str(args.oracle_reader_weight), "--hold-out-queries", str(args.hold_out)]
+    weights = [float(a) for a in args.oracle_reader_weight.split(",")]
+    candidates = (
+        [int(k) for k in args.num_candidates.split(",")] if args.num_candidates else [preset.pretrain_num_candidates]
+    )
     runs, logs = {}, {}
-    for mode in args.modes.split(","):
+    modes = args.modes.split(",")
+    settings = [(mode, k, a) for k in candidates for a in weights for mode in modes if mode != "answer-positive"]
+    if "answer-positive" in modes:
+        settings.append(("answer-positive", None, None))
+    for mode, num_candidates, weight in settings:
         if mode == "answer-positive":
             runs[mode] = stages.run(
                 "retriever with answer-block positives",
@@ -158,24 +167,28 @@ def main(argv: list[str] | None = None) -> int:
                 args.recall_k,
             )
             continue
+        # One folder per setting, pretrain-MODE-kK-aA (pretrain-MODE when only one K and one oracle weight are given).
+        name = mode if len(candidates) * len(weights) == 1 else f"{mode}-k{num_candidates}-a{weight:g}"
+        extra = ["--oracle-reader-weight", str(weight), "--hold-out-queries", str(args.hold_out)]
+        stages.preset = dataclasses.replace(preset, pretrain_num_candidates=num_candidates)
         run = stages.run(
-            f"REALM pre-training, refresh {mode}",
+            f"REALM pre-training, refresh {mode}, K = {num_candidates}, oracle weight {weight:g}",
             stages.pretrain,
             corpus,
             embedder,
             encoder,
             mode,
-            f"pretrain-{mode}",
+            f"pretrain-{name}",
             args.recall_k,
             extra_argv=extra,
             queries=queries,
         )
-        runs[mode] = run["history"]
+        runs[name] = run["history"]
         logged = json.loads(Path(run["summary"]).read_text())["log_history"]
-        logs[mode] = [{key: entry[key] for key in TRAINING_METRICS if key in entry} for entry in logged]
+        logs[name] = [{key: entry[key] for key in TRAINING_METRICS if key in entry} for entry in logged]
     embedders = {"start": embedder} | {
-        mode: str(output / ("answer-positive" if mode == "answer-positive" else f"pretrain-{mode}/embedder"))
-        for mode in runs
+        name: str(output / ("answer-positive" if name == "answer-positive" else f"pretrain-{name}/embedder"))
+        for name in runs
     }
     zero_shot = {name: zero_shot_recall(folder, corpus, output / "world") for name, folder in embedders.items()}
 

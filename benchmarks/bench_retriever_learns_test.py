@@ -6,8 +6,8 @@ K candidates. `--break` patches a defect into the package for the run:
 
 - `detach`: the query and candidate embeddings cut from the graph (`RealmPretrainingModel.embed` returns
   e.detach() + 0 * e: same values, no gradient reaches the embedder);
-- `swaps`: every index swap recorded but not installed (`RealmPretrainingExamples.update_index` does nothing), so
-  training keeps the start's index and query snapshot.
+- `swaps`: every index swap recorded but not installed (`RealmPretrainingExamples.update_index` installs the start's
+  index only), so training keeps the start's index and query snapshot.
 
     python benchmarks/bench_retriever_learns_test.py --seeds 0 1 2 3 4 5 6 7 --output /tmp/learns.json
     python benchmarks/bench_retriever_learns_test.py --seeds 0 1 2 --break detach
@@ -42,7 +42,13 @@ def detach_embeddings() -> None:
 
 
 def skip_swaps() -> None:
-    RealmPretrainingExamples.update_index = lambda self, query_embedder, index: None
+    update = RealmPretrainingExamples.update_index
+
+    def first_only(self, query_embedder, index):
+        if not hasattr(self, "index"):  # the start's index (set in __init__) is installed; no later one
+            update(self, query_embedder, index)
+
+    RealmPretrainingExamples.update_index = first_only
 
 
 BREAKS = {"detach": detach_embeddings, "swaps": skip_swaps}

@@ -22,6 +22,7 @@ from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import dropped, pretrain, towers
+from openrealm.trainers.ict import parse_config_overrides
 from openrealm.trainers.index_builder import build_index, build_request, list_versions, read_build_status
 from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretraining import RealmPretrainingExamples
@@ -722,3 +723,50 @@ def test_the_oracle_reader_trains_the_retriever_through_the_command_line_and_log
     assert all(math.isfinite(entry["answer_posterior_gain"]) for entry in logged)
     start = RealmEmbedder.from_pretrained(output / "index" / "v000000" / "block_index" / "embedder")
     assert not weights_equal(RealmEmbedder.from_pretrained(output / "embedder"), start)  # the retriever moved
+
+
+def test_a_frozen_retriever_takes_no_update_while_the_reader_trains(corpus, tmp_path):
+    output = tmp_path / "out"
+    assert cli_pretrain(corpus, output, "--max-steps", "3", "--freeze-retriever-steps", "3", "--batch-size", "8") == 0
+    start = RealmEmbedder.from_pretrained(output / "index" / "v000000" / "block_index" / "embedder")
+    assert weights_equal(RealmEmbedder.from_pretrained(output / "embedder"), start)  # no step touched it
+    trained = RealmKnowledgeAugEncoder.from_pretrained(output / "encoder")
+    initial = towers.load_encoder("random", AutoTokenizer.from_pretrained(corpus), parse_config_overrides(TINY), 0)
+    assert not weights_equal(trained, initial)  # the reader did train
+    assert json.loads((output / "pretraining.json").read_text())["freeze_retriever_steps"] == 3
+
+
+def test_the_retriever_trains_once_its_frozen_steps_are_over(corpus, tmp_path):
+    output = tmp_path / "out"
+    assert cli_pretrain(corpus, output, "--max-steps", "3", "--freeze-retriever-steps", "2", "--batch-size", "8") == 0
+    start = RealmEmbedder.from_pretrained(output / "index" / "v000000" / "block_index" / "embedder")
+    assert not weights_equal(RealmEmbedder.from_pretrained(output / "embedder"), start)
+
+
+def test_initial_prior_entropy_scales_the_start_so_the_sampled_prior_has_that_entropy(corpus, tmp_path):
+    output = tmp_path / "out"
+    argv = ["--max-steps", "1", "--initial-prior-entropy", "1.2", "--batch-size", "8", "--learning-rate", "0"]
+    assert cli_pretrain(corpus, output, *argv) == 0
+    prior = json.loads((output / "pretraining.json").read_text())["initial_prior"]
+    assert prior["entropy_after"] == pytest.approx(1.2, abs=1e-3)
+    assert prior["entropy_before"] > 1.5 and prior["embedding_scale"] > 1  # a random start's prior is near uniform
+    start = RealmEmbedder.from_pretrained(output / "index" / "v000000" / "block_index" / "embedder")
+    scaled = RealmEmbedder.from_pretrained(output / "embedder")  # lr 0: the scale is all that changed
+    torch.testing.assert_close(scaled.cls.LayerNorm.weight, start.cls.LayerNorm.weight * prior["embedding_scale"])
+
+
+def test_an_initial_prior_entropy_of_log_k_or_more_is_refused_before_anything_is_built(corpus, tmp_path, capsys):
+    output = tmp_path / "out"
+    assert cli_pretrain(corpus, output, "--max-steps", "1", "--initial-prior-entropy", "2.5") == 2
+    error = capsys.readouterr().err
+    assert "--initial-prior-entropy 2.5 must lie between 0 and log K = 2.079 nats (K = --num-candidates 8)" in error
+    assert not (output / "index").exists()
+
+
+def test_gradient_accumulation_updates_once_per_accumulated_batches(corpus, tmp_path):
+    output = tmp_path / "out"
+    argv = ["--max-steps", "2", "--gradient-accumulation-steps", "2", "--batch-size", "4", "--logging-steps", "1"]
+    assert cli_pretrain(corpus, output, *argv) == 0
+    summary = json.loads((output / "pretraining.json").read_text())
+    assert summary["gradient_accumulation_steps"] == 2
+    assert summary["totals"]["num_examples"] + summary["dropped_examples"] == 2 * 2 * 4  # steps x micro-batches x size

@@ -453,7 +453,55 @@ def test_answer_posterior_gain_is_positive_when_the_oracle_prefers_a_retrieved_a
     assert output.answer_posterior_gain > 0  # the posterior moves mass onto the answer-holding candidates
 
 
+def test_the_reader_advantage_is_the_mean_log_prob_on_answer_holding_candidates_minus_on_the_others(
+    realm_batch, tokenizer
+):
+    model = make_model()  # the encoder reads alone: its advantage, measured on the same candidates
+    output = model(**realm_batch)
+    rows = (realm_batch["labels"] != -100).nonzero(as_tuple=True)[0]
+    holds = by_text(realm_batch, tokenizer)[rows][:, 1:]
+    retrieved = output.token_log_prob[:, 1:]
+    torch.testing.assert_close(output.answer_reader_advantage, retrieved[holds].mean() - retrieved[~holds].mean())
+
+
+def test_the_oracle_reader_advantage_is_log_one_minus_eps_over_the_background(realm_batch):
+    model = make_model()
+    model.oracle_reader_weight = 1.0
+    advantage = model(**realm_batch).answer_reader_advantage
+    torch.testing.assert_close(advantage, torch.tensor(math.log(0.99) - math.log(1e-3)))
+
+
+def test_a_mixed_reader_reports_the_encoder_s_own_advantage(realm_batch):
+    mixed = make_model()
+    mixed.oracle_reader_weight = 0.5
+    torch.testing.assert_close(
+        mixed(**realm_batch).answer_reader_advantage, make_model()(**realm_batch).answer_reader_advantage
+    )
+
+
 def test_an_oracle_weight_outside_zero_to_one_is_refused():
     config = tiny_realm_config()
     with pytest.raises(ValueError, match="oracle_reader_weight must be in"):
         RealmPretrainingModel(RealmEmbedder(config), RealmKnowledgeAugEncoder(config), oracle_reader_weight=1.5)
+
+
+def test_sharpness_for_entropy_gives_the_prior_the_asked_mean_entropy():
+    from openrealm.trainers.pretraining import mean_entropy, sharpness_for_entropy
+
+    scores = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
+    sharpness = sharpness_for_entropy(scores, 1.2)
+    assert mean_entropy(scores, sharpness) == pytest.approx(1.2, abs=1e-6)
+    with pytest.raises(ValueError, match="between 0 and log K"):
+        sharpness_for_entropy(scores, math.log(8))
+
+
+def test_scaling_the_retrieval_embeddings_scales_every_score_by_its_square_and_keeps_the_ranking():
+    from openrealm.trainers.pretraining import scale_retrieval_embeddings
+
+    embedder = RealmEmbedder(tiny_realm_config()).eval()
+    ids = torch.randint(5, 50, (6, 10), generator=torch.Generator().manual_seed(0))
+    before = embedder(ids).projected_score
+    scale_retrieval_embeddings(embedder, 3.0)
+    after = embedder(ids).projected_score
+    torch.testing.assert_close(after, 3.0 * before)
+    torch.testing.assert_close(after @ after.T, 9.0 * (before @ before.T))

@@ -39,20 +39,21 @@ TINY_MODEL = (
     "hidden_dropout_prob=0,attention_probs_dropout_prob=0,max_position_embeddings=128"
 )
 TINY_WORLD = dict(num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2)
-SEED = 0
+SEEDS = (0, 1)
 HELD_OUT_BLOCKS, QUERIES_PER_BLOCK, RECALL_K = 15, 4, 5
 STEPS, REFRESH_EVERY = 300, 10
 # Measured over seeds 0-7 (benchmarks/RESULTS.md, "A CI test that the retriever learns"): held-out recall@5 rises by
-# 0.26 to 0.54 over the start with refresh sync; the training share of queries with an answer among the K candidates
-# over the second half is 0.10 to 0.25 higher with refresh sync than off.
-MIN_RECALL_GAIN = 0.12
-MIN_CANDIDATE_GAIN = 0.05
+# 0.17 to 0.57 over the start with refresh sync (mean 0.32); the training share of queries with an answer among the K
+# candidates over the second half is 0.32 to 0.53 higher with refresh sync than off. The tests average two seeds.
+MIN_RECALL_GAIN = 0.15
+MIN_CANDIDATE_GAIN = 0.2
+AVERAGED = ("start", "sync", "off", "sync_candidates", "off_candidates")
 
 
 class TinyWorld:
     """A 20-person world (about 65 blocks of 64 wordpieces), its corpus, a random-start embedder and held-out queries."""
 
-    def __init__(self, root: Path, seed: int = SEED):
+    def __init__(self, root: Path, seed: int = 0):
         world = generate_world(seed=seed, **TINY_WORLD)
         tokenizer = train_wordpiece_vocab(world.texts(), root / "tokenizer", vocab_size=600)
         articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
@@ -109,7 +110,9 @@ def second_half_answer_in_candidates(summary: dict) -> float:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict:
-    return measure(TinyWorld(tmp_path_factory.mktemp("retriever-learns")))
+    """measure() on the worlds of SEEDS, averaged: one seed's held-out recall moves by a query's weight (about 0.02)."""
+    runs = [measure(TinyWorld(tmp_path_factory.mktemp(f"retriever-learns-{seed}"), seed)) for seed in SEEDS]
+    return {"runs": runs, **{name: sum(run[name] for run in runs) / len(runs) for name in AVERAGED}}
 
 
 def measure(world: TinyWorld) -> dict:
@@ -127,8 +130,11 @@ def test_the_oracle_signal_raises_held_out_answer_recall_over_the_start(trained)
     assert trained["sync"] >= trained["start"] + MIN_RECALL_GAIN, trained
 
 
+def test_refresh_sync_swaps_in_a_new_index_at_every_refresh_and_off_never(trained):
+    assert [run["swaps"] for run in trained["runs"]] == [{"sync": STEPS // REFRESH_EVERY, "off": 0}] * len(SEEDS)
+
+
 def test_a_refreshed_index_serves_more_answer_blocks_among_the_candidates_than_a_stale_one(trained):
-    assert trained["swaps"]["off"] == 0 and trained["swaps"]["sync"] == STEPS // REFRESH_EVERY, trained
     assert trained["sync_candidates"] >= trained["off_candidates"] + MIN_CANDIDATE_GAIN, trained
 
 

@@ -360,6 +360,25 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="peak lr of the retriever (default: --learning-rate; lower keeps a small ICT retriever from drifting)",
     )
+    parser.add_argument(
+        "--freeze-retriever-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the retriever (embedder) takes no update in the first N steps while the reader trains, as Atlas's "
+        "freeze_retriever_steps (default 0: Google's, both from the start)",
+    )
+    parser.add_argument(
+        "--initial-prior-entropy",
+        type=float,
+        default=None,
+        metavar="NATS",
+        help="before training, scale the embedder's output LayerNorm so that p(z|x) over the K candidates of sampled "
+        "queries has this mean entropy (an initialisation; default: none, the start as loaded)",
+    )
+    parser.add_argument(
+        "--gradient-accumulation-steps", type=positive_int, default=1, help="batches per update (default 1)"
+    )
     parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
     parser.add_argument("--num-candidates", type=int, default=NUM_CANDIDATES, help="K incl. the null doc (8)")
     parser.add_argument(

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -97,6 +98,9 @@ from openrealm.trainers.pretraining import (
     QUERY_SEQ_LEN,
     RealmPretrainingExamples,
     RealmPretrainingModel,
+    mean_entropy,
+    scale_retrieval_embeddings,
+    sharpness_for_entropy,
 )
 from openrealm.trainers.refresh import IndexRefreshCallback, check_refresh_settings, snapshot_embedder
 from openrealm.trainers.towers import (
@@ -115,6 +119,7 @@ OUTPUT_METRICS = (
     "oracle_candidate_log_prob",
     "answer_in_candidates",
     "answer_posterior_gain",
+    "answer_reader_advantage",
 )
 BATCH_EXTRAS = ("uid", "stats", "index_version", "block_id", "candidate_block_ids", "num_skipped")
 REFRESH_STATE_NAME = "refresh_state.json"
@@ -495,6 +500,55 @@ def training_queries(blocks, args: argparse.Namespace):
     return blocks.select(np.setdiff1d(np.arange(len(blocks)), held_out))
 
 
+class RetrieverFreeze(TrainerCallback):
+    """The retriever takes no update in the first `steps` optimiser steps (Atlas's freeze_retriever_steps): its
+    gradients are dropped before each of those steps, so AdamW leaves its weights, moments and decay untouched while
+    the reader learns to read. The gradient norm clipped before is that of both towers."""
+
+    def __init__(self, embedder: torch.nn.Module, steps: int):
+        self.parameters, self.steps = list(embedder.parameters()), steps
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step < self.steps:
+            for parameter in self.parameters:
+                parameter.grad = None
+
+
+PRIOR_SAMPLE_QUERIES = 128  # masked queries whose K candidates set --initial-prior-entropy's scale
+
+
+@torch.no_grad()
+def set_initial_prior_entropy(
+    model: RealmPretrainingModel, examples: RealmPretrainingExamples, masker, rows, entropy: float
+) -> dict[str, float]:
+    """Scale the embedder's output (scale_retrieval_embeddings) so that p(z|x) over the K candidates of the masked
+    queries of `rows` (corpus rows) has mean `entropy` nats; returns the entropy before, the factor and the entropy
+    after. The candidates are the index's, whose ranking a scale does not change; so the index stays as built."""
+    was_training, device = model.training, next(model.parameters()).device
+    model.eval()
+    try:
+        scores = []
+        for start in range(0, len(rows), 32):
+            batch = examples(masker([rows[i] for i in range(start, min(start + 32, len(rows)))]))
+            if len(batch["uid"]):
+                batch = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
+                query, candidates = model.embed_batch(**batch)
+                scores.append(torch.einsum("bp,bkp->bk", query, candidates).float().cpu())
+    finally:
+        model.train(was_training)
+    if not scores:
+        raise ValueError("--initial-prior-entropy: no sampled query gave an example to measure p(z|x) on")
+    relevance = torch.cat(scores)
+    sharpness = sharpness_for_entropy(relevance, entropy)
+    scale_retrieval_embeddings(model.embedder, math.sqrt(sharpness))
+    return {
+        "entropy_before": mean_entropy(relevance),
+        "embedding_scale": math.sqrt(sharpness),
+        "entropy_after": mean_entropy(relevance, sharpness),
+        "num_queries": int(relevance.shape[0]),
+    }
+
+
 def build_trainer(
     args: argparse.Namespace,
     embedder,
@@ -559,6 +613,7 @@ def build_trainer(
         dataloader_pin_memory=torch.cuda.is_available(),
         remove_unused_columns=False,  # the collator reads corpus columns the model does not take
         label_names=["labels"],
+        gradient_accumulation_steps=getattr(args, "gradient_accumulation_steps", 1),
         bf16=args.bf16,
         use_cpu=runs_on_cpu_processes(),  # DDP over gloo when several processes run without a GPU
         report_to=args.report_to,
@@ -570,6 +625,17 @@ def build_trainer(
         embedding_dropout=args.embedding_dropout,
         oracle_reader_weight=getattr(args, "oracle_reader_weight", 0.0),
     )
+    prior = None
+    entropy = getattr(args, "initial_prior_entropy", None)
+    if entropy is not None and getattr(args, "resume_from_checkpoint", None) is None:  # a checkpoint holds the scale
+        queries = training_queries(blocks, args)
+        sample = np.random.default_rng(args.seed).permutation(len(queries))[:PRIOR_SAMPLE_QUERIES]
+        sampler = SalientSpanCollator(tokenizer, strategy=args.spans, seed=args.seed + 1, query_seq_len=query_seq_len)
+        prior = set_initial_prior_entropy(model, examples, sampler, queries.select(np.sort(sample)), entropy)
+        examples.counters = Counter({name: 0 for name in COUNTERS})  # the sample is no part of the run
+    freeze_steps = getattr(args, "freeze_retriever_steps", 0)
+    if freeze_steps:
+        callbacks = [RetrieverFreeze(embedder, freeze_steps), *(callbacks or ())]
     guard = DroppedExamplesGuard(  # run_totals is a collective: every rank checks at the same logging steps
         lambda: run_drops(trainer.run_totals()),
         drop_causes(query_seq_len),
@@ -585,6 +651,7 @@ def build_trainer(
         refresh=refresh,
     )
     trainer.guard = guard
+    trainer.initial_prior = prior
     if args.index:  # version 0 in use lives in --index, not in index_root
         refresh.index_in_use_root = Path(args.index).absolute()
     trainer.checkpoint_extras = checkpoint_extras(trainer, tokenizer)
@@ -651,6 +718,14 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
         check_refresh_settings(args.refresh_mode, args.refresh_every, lag)
     except ValueError as error:
         print(f"openrealm: error: {error} (--refresh-mode, --refresh-every, --refresh-lag)", file=sys.stderr)
+        return 2
+    entropy = getattr(args, "initial_prior_entropy", None)
+    if entropy is not None and not 0.0 < entropy < math.log(args.num_candidates):
+        print(
+            f"openrealm: error: --initial-prior-entropy {entropy} must lie between 0 and log K = "
+            f"{math.log(args.num_candidates):.3f} nats (K = --num-candidates {args.num_candidates})",
+            file=sys.stderr,
+        )
         return 2
     state = distributed_state()
     world = state.num_processes
@@ -723,6 +798,9 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             "num_candidates": args.num_candidates,
             "spans": args.spans,
             "oracle_reader_weight": getattr(args, "oracle_reader_weight", 0.0),
+            "freeze_retriever_steps": getattr(args, "freeze_retriever_steps", 0),
+            "gradient_accumulation_steps": getattr(args, "gradient_accumulation_steps", 1),
+            "initial_prior": trainer.initial_prior,
             "held_out_query_blocks": held_out_query_blocks(blocks, getattr(args, "hold_out_queries", 0), args.seed),
             "seed": args.seed,
             "num_blocks": len(blocks),

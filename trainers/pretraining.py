@@ -266,7 +266,10 @@ class RealmPretrainingOutput(ModelOutput):
     `oracle_candidate_log_prob`: the same with z* = the candidate of highest reader likelihood of the example's masked
     tokens; `answer_in_candidates`: fraction of examples with an answer-holding candidate (`holds_answer`);
     `answer_posterior_gain`: mean over the masked tokens and the answer-holding candidates of p(z|x,y_j) - p(z|x), the
-    retriever's gradient on those candidates' scores (0 when none is retrieved); `holds_answer` [B, K];
+    retriever's gradient on those candidates' scores (0 when none is retrieved); `answer_reader_advantage`: how much
+    better the reader predicts a masked token from an answer-holding candidate than from another retrieved one, mean
+    log p(y_j|z,x) over the first minus over the second (null document left out; the encoder's reader whenever it runs,
+    the oracle's when the oracle reads alone; 0 when either set is empty); `holds_answer` [B, K];
     `query_emb` [B, P], `candidate_emb` [B, K, P] (after dropout)."""
 
     loss: torch.FloatTensor | None = None
@@ -281,6 +284,7 @@ class RealmPretrainingOutput(ModelOutput):
     oracle_candidate_log_prob: torch.FloatTensor | None = None
     answer_in_candidates: torch.FloatTensor | None = None
     answer_posterior_gain: torch.FloatTensor | None = None
+    answer_reader_advantage: torch.FloatTensor | None = None
     holds_answer: torch.BoolTensor | None = None
     query_emb: torch.FloatTensor | None = None
     candidate_emb: torch.FloatTensor | None = None
@@ -335,6 +339,29 @@ class RealmPretrainingModel(nn.Module):
         output = self.embedder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return self.embedding_dropout(output.projected_score)
 
+    def embed_batch(
+        self,
+        query_input_ids: torch.LongTensor,
+        query_attention_mask: torch.Tensor,
+        candidate_input_ids: torch.LongTensor,
+        candidate_token_type_ids: torch.LongTensor,
+        candidate_attention_mask: torch.Tensor,
+        query_token_type_ids: torch.LongTensor | None = None,
+        **unused: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch's query [B, Lq] and candidates [B, K, Ld] -> their embeddings [B, P] and [B, K, P]; their inner
+        products are the relevance scores (`relevance_score` of the output)."""
+        batch_size, num_candidates = candidate_input_ids.shape[:2]
+        if query_token_type_ids is None:
+            query_token_type_ids = torch.zeros_like(query_input_ids)
+        query_emb = self.embed(query_input_ids, query_attention_mask, query_token_type_ids)
+        candidate_emb = self.embed(
+            flatten_candidates(candidate_input_ids),
+            flatten_candidates(candidate_attention_mask),
+            flatten_candidates(candidate_token_type_ids),
+        ).view(batch_size, num_candidates, -1)
+        return query_emb, candidate_emb
+
     def forward(
         self,
         query_input_ids: torch.LongTensor,
@@ -360,15 +387,14 @@ class RealmPretrainingModel(nn.Module):
         mask = labels != -100 if mlm_mask is None else mlm_mask.bool() & (labels != -100)
         if not bool(mask.any()):
             return self._skipped_batch_output()
-        batch_size, num_candidates = candidate_input_ids.shape[:2]
-        if query_token_type_ids is None:
-            query_token_type_ids = torch.zeros_like(query_input_ids)
-        query_emb = self.embed(query_input_ids, query_attention_mask, query_token_type_ids)
-        candidate_emb = self.embed(
-            flatten_candidates(candidate_input_ids),
-            flatten_candidates(candidate_attention_mask),
-            flatten_candidates(candidate_token_type_ids),
-        ).view(batch_size, num_candidates, -1)
+        query_emb, candidate_emb = self.embed_batch(
+            query_input_ids,
+            query_attention_mask,
+            candidate_input_ids,
+            candidate_token_type_ids,
+            candidate_attention_mask,
+            query_token_type_ids,
+        )
         # Plain inner product over the K candidates only: no temperature, no scaling (Google §3.2).
         relevance_score = torch.einsum("bp,bkp->bk", query_emb, candidate_emb)
         candidate_log_prob = relevance_score.float().log_softmax(-1)
@@ -379,12 +405,13 @@ class RealmPretrainingModel(nn.Module):
         if holds_answer is not None:
             holds_answer = holds_answer.to(relevance_score.device).bool()
         if weight == 1.0:  # the oracle alone: no encoder pass
-            token_log_prob = self._oracle_log_prob(holds_answer)[rows]
+            token_log_prob = reader_log_prob = self._oracle_log_prob(holds_answer)[rows]
             loss = None
         else:
             token_log_prob, loss = self._reader_log_prob(
                 joint_input_ids, joint_token_type_ids, joint_attention_mask, labels, mask, relevance_score
             )
+            reader_log_prob = token_log_prob
             if weight > 0.0:
                 token_log_prob = torch.logaddexp(
                     math.log(weight) + self._oracle_log_prob(holds_answer)[rows],
@@ -400,7 +427,9 @@ class RealmPretrainingModel(nn.Module):
             candidate_log_prob=candidate_log_prob,
             token_log_prob=token_log_prob,
             marginal_log_prob=marginal_log_prob,
-            **self._metrics(candidate_log_prob, token_log_prob, marginal_log_prob, rows, holds_answer),
+            **self._metrics(
+                candidate_log_prob, token_log_prob, marginal_log_prob, rows, holds_answer, reader_log_prob
+            ),
             holds_answer=holds_answer,
             query_emb=query_emb,
             candidate_emb=candidate_emb,
@@ -472,10 +501,12 @@ class RealmPretrainingModel(nn.Module):
         marginal_log_prob: torch.Tensor,
         rows: torch.Tensor,
         holds_answer: torch.Tensor | None,
+        reader_log_prob: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Google §3.6 retrieval_utility (index 0 is the null document), plus p(null|x), the entropy of p(z|x), the
         reader's log-prob of the retriever's top candidate and of the best candidate in hindsight, and how the
-        answer-holding candidates fare: their share and their posterior minus prior."""
+        answer-holding candidates fare: their share, their posterior minus prior, and the reader's advantage on them
+        (`reader_log_prob` [N, K], default `token_log_prob`)."""
         batch_size, num_candidates = candidate_log_prob.shape
         top = candidate_log_prob.argmax(-1)[rows]  # [N]
         per_example = torch.zeros(batch_size, num_candidates, device=token_log_prob.device)
@@ -493,6 +524,9 @@ class RealmPretrainingModel(nn.Module):
             else {
                 "answer_in_candidates": holds_answer.any(-1).float().mean(),
                 "answer_posterior_gain": _posterior_gain(candidate_log_prob[rows], token_log_prob, holds_answer[rows]),
+                "answer_reader_advantage": _reader_advantage(
+                    token_log_prob if reader_log_prob is None else reader_log_prob, holds_answer[rows]
+                ),
             }
         )
 
@@ -502,6 +536,45 @@ def _posterior_gain(prior_log_prob: torch.Tensor, token_log_prob: torch.Tensor, 
     posterior = (prior_log_prob + token_log_prob).log_softmax(-1).exp()
     gain = (posterior - prior_log_prob.exp())[holds]
     return gain.mean() if gain.numel() else torch.zeros((), device=prior_log_prob.device)
+
+
+def mean_entropy(relevance_score: torch.Tensor, sharpness: float = 1.0) -> float:
+    """Mean entropy (nats) of softmax(sharpness * relevance_score) over the K candidates of each row [B, K]."""
+    log_prob = (sharpness * relevance_score.double()).log_softmax(-1)
+    return float(-(log_prob.exp() * log_prob).sum(-1).mean())
+
+
+def sharpness_for_entropy(relevance_score: torch.Tensor, entropy: float, iterations: int = 100) -> float:
+    """The t > 0 whose softmax(t * relevance_score) [B, K] has mean entropy `entropy` nats (bisection on log t: the
+    entropy of each row falls as t grows, from log K at t -> 0 to that of its ties at the top as t -> inf)."""
+    num_candidates = relevance_score.shape[-1]
+    if not 0.0 < entropy < math.log(num_candidates):
+        raise ValueError(f"a prior entropy must lie between 0 and log K = {math.log(num_candidates):.3f} nats")
+    low, high = -30.0, 30.0  # log t
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        low, high = (middle, high) if mean_entropy(relevance_score, math.exp(middle)) > entropy else (low, middle)
+    return math.exp((low + high) / 2)
+
+
+@torch.no_grad()
+def scale_retrieval_embeddings(embedder: RealmEmbedder, factor: float) -> None:
+    """Multiply the embedder's output by `factor` > 0: its final LayerNorm's gain and bias (Google's embedder has no
+    other temperature, language/orqa/models/ict_model.py), so every inner product scales by factor ** 2 and every
+    ranking stays as it was (an index built before still retrieves the same candidates)."""
+    norm = embedder.cls.LayerNorm
+    norm.weight.mul_(factor)
+    if norm.bias is not None:
+        norm.bias.mul_(factor)
+
+
+def _reader_advantage(token_log_prob: torch.Tensor, holds: torch.Tensor) -> torch.Tensor:
+    """Mean log p(y_j|z,x) over the answer-holding retrieved candidates minus over the other retrieved candidates
+    ([N, K] each, column 0 the null document, left out); 0 when either set is empty."""
+    retrieved, holds = token_log_prob[:, 1:].float(), holds[:, 1:]
+    if not bool(holds.any()) or bool(holds.all()):
+        return torch.zeros((), device=token_log_prob.device)
+    return retrieved[holds].mean() - retrieved[~holds].mean()
 
 
 def holds_masked_span(
