@@ -39,6 +39,10 @@ takes the newest whole one. The index versions a kept checkpoint uses are never 
 `--resume-from-checkpoint [PATH|last]` restores the Trainer state and the (query embedder, index) pair of
 refresh_state.json before training continues.
 
+`--preflight` trains nothing into OUTPUT: trainers/preflight.py measures whether this run can train its retriever
+(spans stated in other blocks, answers among the start's candidates, p(z|x)'s entropy, the reader's utility, a short
+oracle-reader run of this job) and writes OUTPUT/preflight.json with a verdict and advice (docs/pretraining.md).
+
 `--push-to-hub REPO` uploads embedder/, encoder/ and scorer/ to three repos REPO-embedder, REPO-encoder, REPO-scorer
 (each loadable with `from_pretrained(repo)`), with their model cards.
 
