@@ -23,9 +23,12 @@ from transformers import AutoTokenizer
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.trainers import cli
+from openrealm.trainers.ict import parse_config_overrides
+from openrealm.trainers.index_builder import build_index
 from openrealm.trainers.preflight import THRESHOLDS, blocks_stating, span_wordpieces, spans_stated_elsewhere
 from openrealm.trainers.pretrain_eval import held_out_query_blocks
 from openrealm.trainers.pretraining import continuation_pieces, holds_masked_span
+from openrealm.trainers.towers import load_embedder
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is not staged")
@@ -169,6 +172,16 @@ def test_the_verdict_is_no_when_no_span_is_stated_in_another_block(tmp_path, min
     assert report["checks"]["spans_stated_elsewhere"] is False and report["verdict"] == "no"
     assert report["retrieval_utility"] is None and report["answer_in_candidates_by_chance"] == 0.0  # exact: no answer
     assert any(item.startswith("spans_stated_elsewhere 0.000 < 0.3") for item in report["advice"])
+
+
+def test_with_an_index_given_and_no_oracle_run_the_report_goes_into_a_new_output(tmp_path, minilm_tokenizer):
+    corpus = dated_corpus(tmp_path / "corpus", minilm_tokenizer, REPEATING)
+    embedder = load_embedder("random", minilm_tokenizer, parse_config_overrides(TINY_MODEL), 0)
+    build_index(embedder, corpus, tmp_path / "index", version=0, max_length=128, progress=False)
+    output = tmp_path / "new" / "run"
+    report = preflight(corpus, "random", output, "--index", str(tmp_path / "index"), "--num-candidates", "4",
+                       "--hold-out-queries", "12", "--preflight-steps", "0")  # fmt: skip
+    assert report["num_blocks"] == 12 and sorted(p.name for p in output.iterdir()) == ["preflight.json"]
 
 
 def test_a_seeded_sample_of_spans_is_drawn_when_the_corpus_has_more(tmp_path, minilm_tokenizer):

@@ -540,6 +540,7 @@ def run_preflight(args: argparse.Namespace) -> int:
     report["oracle_gain"] = gain
     report |= judge(report)
     report["thresholds"] = asdict(THRESHOLDS)
+    output.mkdir(parents=True, exist_ok=True)  # with --index and no oracle run, nothing else made it
     write_text_atomic(output / REPORT_NAME, json.dumps(report, indent=2) + "\n")
     print_report(report, output / REPORT_NAME)
     return 0
