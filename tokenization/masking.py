@@ -66,7 +66,7 @@ def mask_query(
         (sent_start, sent_end), (span_start, span_end) = choice
         sentence = record["text"][sent_start:sent_end]
         encoding = _encode(tokenizer, sentence)
-        masked = _pieces_inside(encoding["offset_mapping"], span_start, span_end)
+        masked = pieces_inside(encoding["offset_mapping"], span_start, span_end)
         if not masked:
             return _skip(stats, "span_covers_no_wordpiece")
         if masked[-1] >= max_index:  # Google: the mask must never be truncated away
@@ -140,7 +140,7 @@ def _encode(tokenizer, sentence: str):
     return tokenizer(sentence, add_special_tokens=False, return_offsets_mapping=True)
 
 
-def _pieces_inside(offsets: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
+def pieces_inside(offsets: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:
     """Indices of the wordpieces lying entirely inside [start, end); partial overlaps are not masked (Google)."""
     return [i for i, (a, b) in enumerate(offsets) if start <= a and b <= end and a < b]
 
@@ -278,4 +278,4 @@ class SalientSpanCollator:
         return counters
 
 
-__all__ = ["SKIP_REASONS", "STRATEGIES", "SalientSpanCollator", "mask_query"]
+__all__ = ["SKIP_REASONS", "STRATEGIES", "SalientSpanCollator", "mask_query", "pieces_inside"]

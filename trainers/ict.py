@@ -588,19 +588,22 @@ def prepare_output(
     inputs: Iterable = (),
     earlier_run: Iterable[str] = ("checkpoint-*",),
     resumable: bool = True,
+    kept: Iterable[str] = (),
 ) -> None:
     """Refuse an OUTPUT that is, holds or lies inside one of `inputs` ((flag, path) pairs: the corpus, the model it
     starts from...), and a non-empty OUTPUT (an earlier run's) unless resuming or overwriting; --overwrite removes the
     entries of OUTPUT matching the `earlier_run` patterns (the old checkpoint-* folders, which Trainer's rotation would
     otherwise count as this run's and `--resume-from-checkpoint last` would continue). The staging folders of
     checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty. resumable: whether the
-    job takes --resume-from-checkpoint (the refusal suggests it)."""
+    job takes --resume-from-checkpoint (the refusal suggests it). kept: names of entries that are no earlier run (e.g.
+    what `train pretrain --preflight` writes) and do not make OUTPUT non-empty either; --overwrite keeps them."""
     check_apart(output, inputs, "--output")
     path = Path(output)
     main = int(os.environ.get("RANK", "0")) == 0
     if main:
         remove_stale_staging(path)
-    if resume or not path.is_dir() or not any(not is_staging_leftover(p.name) for p in path.iterdir()):
+    kept = set(kept)
+    if resume or not path.is_dir() or all(is_staging_leftover(p.name) or p.name in kept for p in path.iterdir()):
         return
     if not overwrite:
         resuming = " or --resume-from-checkpoint to continue" if resumable else ""

@@ -18,6 +18,7 @@ EMBEDDING_DROPOUT = 0.1  # dropout on the projected retrieval embedding while tr
 PRETRAIN_LEARNING_RATE = 3e-5  # Google's --learning_rate default
 NUM_CANDIDATES = 8  # K retrieved blocks per query, the null document included
 REFRESH_MODES = ("async", "sync", "off")
+PREFLIGHT_STEPS = 300  # steps of `train pretrain --preflight`'s oracle-reader run (trainers/preflight.py)
 MASKING_STRATEGIES = ("salient", "random_token", "random_span")  # = tokenization.masking.STRATEGIES
 # train openqa (ORQA / REALM++)
 SEARCHER_BEAM_SIZE = 5000  # ORQA: blocks scored by the retriever loss
@@ -430,6 +431,20 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--push-to-hub", default=None, metavar="REPO", help="upload to REPO-{embedder,encoder,scorer}")
     parser.add_argument("--hub-private", action="store_true", help="create the Hub repos private")
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="instead of training: measure whether this run can train its retriever (salient spans stated in other "
+        "blocks, answers among the start's K candidates, p(z|x)'s entropy, the reader's utility, a short oracle-reader "
+        "run) and write OUTPUT/preflight.json with a verdict and advice (docs/pretraining.md)",
+    )
+    parser.add_argument(
+        "--preflight-steps",
+        type=int,
+        default=PREFLIGHT_STEPS,
+        metavar="N",
+        help=f"steps of the pre-flight's oracle-reader run (default {PREFLIGHT_STEPS}; 0: skip it)",
+    )
     max_dropped_share_option(parser, "corpus rows read")
     output_options(parser)
 

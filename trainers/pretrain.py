@@ -39,6 +39,10 @@ takes the newest whole one. The index versions a kept checkpoint uses are never 
 `--resume-from-checkpoint [PATH|last]` restores the Trainer state and the (query embedder, index) pair of
 refresh_state.json before training continues.
 
+`--preflight` trains nothing into OUTPUT: trainers/preflight.py measures whether this run can train its retriever
+(spans stated in other blocks, answers among the start's candidates, p(z|x)'s entropy, the reader's utility, a short
+oracle-reader run of this job) and writes OUTPUT/preflight.json with a verdict and advice (docs/pretraining.md).
+
 `--push-to-hub REPO` uploads embedder/, encoder/ and scorer/ to three repos REPO-embedder, REPO-encoder, REPO-scorer
 (each loadable with `from_pretrained(repo)`), with their model cards.
 
@@ -137,6 +141,8 @@ RUN_COUNTERS = (*COUNTERS, "num_skipped_queries", *SKIPPED_COUNTERS, "num_skippe
 # The counters of corpus rows that gave no example, by cause.
 DROP_COUNTERS = ("num_dropped_duplicate_uids", *SKIPPED_COUNTERS)
 ROWS_READ = "corpus rows read"  # what the drop messages count
+# What `--preflight` writes in OUTPUT (trainers/preflight.py): no earlier run, so a run into OUTPUT may follow it.
+PREFLIGHT_ENTRIES = ("preflight.json", "preflight")
 
 
 def dropped_examples(counts) -> int:
@@ -477,6 +483,36 @@ def distinct_blocks_refusal(num_live: int, num_duplicates: int, num_candidates: 
     )
 
 
+def check_corpus(args: argparse.Namespace, blocks, main_process: bool = True) -> tuple[str | None, int]:
+    """(why pre-training cannot start on this corpus, or None; the number of duplicate blocks it holds): with
+    `--spans salient`, no block with a salient span (`salient_span_refusal`) or more than --max-dropped-share without
+    one; fewer distinct searchable blocks than --num-candidates (`distinct_blocks_refusal`). The main process prints
+    how many blocks have a span and warns of duplicate blocks. Decided alike on every rank."""
+    if args.spans == "salient":
+        with_spans = count_blocks_with_spans(blocks)
+        refusal = salient_span_refusal(with_spans, len(blocks), args.corpus)
+        if refusal is None:  # the rows without a span are dropped whatever is retrieved
+            without = {"num_skipped_no_valid_spans": len(blocks) - with_spans}
+            max_share = getattr(args, "max_dropped_share", MAX_DROPPED_SHARE)
+            refusal, _ = check_dropped(len(blocks), without, drop_causes(QUERY_SEQ_LEN), max_share, "corpus rows")
+        if refusal is not None:
+            return refusal, 0
+        if with_spans < len(blocks) and main_process:
+            print(
+                f"REALM pre-training: {with_spans:,} of {len(blocks):,} blocks have a salient span; the queries of "
+                "the others are dropped (num_skipped_no_valid_spans in the logs)"
+            )
+    removed = read_removed_block_ids(args.corpus)
+    num_duplicates = count_duplicate_blocks(blocks.with_format("arrow")["uid"], removed)
+    refusal = distinct_blocks_refusal(len(blocks) - len(removed), num_duplicates, args.num_candidates, args.corpus)
+    if refusal is not None:
+        return refusal, num_duplicates
+    if num_duplicates and main_process:
+        warning = duplicates_warning(num_duplicates, len(blocks) - len(removed))
+        print(f"REALM pre-training: warning: {warning} (num_dropped_duplicate_uids in the logs)", file=sys.stderr)
+    return None, num_duplicates
+
+
 def run_drops(totals) -> tuple[int, dict[str, int]]:
     """(corpus rows read, those that gave no example by cause) of a run's totals (run_totals)."""
     return totals["num_examples"] + dropped_examples(totals), {name: totals[name] for name in DROP_COUNTERS}
@@ -702,12 +738,16 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     OUTPUT/pretraining.json."""
     from transformers import AutoTokenizer
 
-    inputs = [("--corpus", args.corpus), ("--embedder", args.embedder), ("--encoder", args.encoder),
-              ("--tokenizer", args.tokenizer), ("--index", args.index)]  # fmt: skip
+    if getattr(args, "preflight", False):  # measure whether this run can train its retriever, instead of training
+        from openrealm.trainers.preflight import run_preflight
+
+        return run_preflight(args)
     resuming = getattr(args, "resume_from_checkpoint", None) is not None
     # before anything loads: an output apart from the inputs, holding no earlier run unless resumed or overwritten
-    prepare_output(args.output, getattr(args, "overwrite", False), resuming, inputs, EARLIER_RUN)
-    check_apart(args.index_root or Path(args.output) / "index", inputs, "--index-root")
+    prepare_output(
+        args.output, getattr(args, "overwrite", False), resuming, run_inputs(args), EARLIER_RUN, kept=PREFLIGHT_ENTRIES
+    )
+    check_apart(args.index_root or Path(args.output) / "index", run_inputs(args), "--index-root")
     if args.index_root and not resuming and list_versions(args.index_root):
         raise FileExistsError(
             f"--index-root {args.index_root} already holds index versions of another run, which this run's would "
@@ -732,28 +772,10 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
     blocks = load_corpus(args.corpus)  # memory-mapped Arrow: the ranks share its pages
     # Before any model is loaded or index built, every rank deciding alike: runs that would drop (nearly) everything.
-    max_share = getattr(args, "max_dropped_share", MAX_DROPPED_SHARE)
-    if args.spans == "salient":
-        with_spans = count_blocks_with_spans(blocks)
-        refusal = salient_span_refusal(with_spans, len(blocks), args.corpus)
-        if refusal is None:  # the rows without a span are dropped whatever is retrieved
-            without = {"num_skipped_no_valid_spans": len(blocks) - with_spans}
-            refusal, _ = check_dropped(len(blocks), without, drop_causes(QUERY_SEQ_LEN), max_share, "corpus rows")
-        if refusal is not None:
-            return refuse(state, refusal)
-        if with_spans < len(blocks) and state.is_main_process:
-            print(
-                f"REALM pre-training: {with_spans:,} of {len(blocks):,} blocks have a salient span; the queries of "
-                "the others are dropped (num_skipped_no_valid_spans in the logs)"
-            )
-    removed = read_removed_block_ids(args.corpus)
-    num_duplicates = count_duplicate_blocks(blocks.with_format("arrow")["uid"], removed)
-    refusal = distinct_blocks_refusal(len(blocks) - len(removed), num_duplicates, args.num_candidates, args.corpus)
+    refusal, _ = check_corpus(args, blocks, state.is_main_process)
     if refusal is not None:
         return refuse(state, refusal)
-    if num_duplicates and state.is_main_process:
-        warning = duplicates_warning(num_duplicates, len(blocks) - len(removed))
-        print(f"REALM pre-training: warning: {warning} (num_dropped_duplicate_uids in the logs)", file=sys.stderr)
+    max_share = getattr(args, "max_dropped_share", MAX_DROPPED_SHARE)
     overrides = parse_config_overrides(args.config_overrides)
     embedder = load_embedder(args.embedder, tokenizer, overrides, args.seed, "--embedder")
     encoder = load_encoder(args.encoder, tokenizer, overrides, args.seed, "--encoder")
@@ -824,6 +846,12 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             print("REALM pre-training: pushed " + ", ".join(f"{k} -> {v}" for k, v in pushed.items()))
     leave_process_group(state)
     return 0
+
+
+def run_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(flag, path) of what a run reads, which its --output must stay apart from."""
+    return [("--corpus", args.corpus), ("--embedder", args.embedder), ("--encoder", args.encoder),
+            ("--tokenizer", args.tokenizer), ("--index", args.index)]  # fmt: skip
 
 
 def write_rank_record(trainer: RealmPretrainingTrainer, output: str | os.PathLike) -> Path:

@@ -118,7 +118,8 @@ def answer_block_ids(texts: Sequence[str], own_block_ids: Sequence[int], spans: 
     ]
 
 
-def _query_rows(queries: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+def query_rows(queries: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    """Queries start..stop-1 of `fixed_masked_queries` output, as `RealmPretrainingExamples` takes them."""
     batch = {key: queries[key][start:stop] for key in QUERY_KEYS}
     batch["uid"] = queries["uid"][start:stop]
     return batch
@@ -207,7 +208,7 @@ def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, A
         "examples": 0,
     }
     for start in range(0, len(queries["uid"]), batch_size):
-        batch = examples(_query_rows(queries, start, start + batch_size))
+        batch = examples(query_rows(queries, start, start + batch_size))
         if not batch["uid"]:
             continue
         output = model(**batch)
@@ -317,5 +318,6 @@ __all__ = [
     "fixed_masked_queries",
     "fresh_index",
     "held_out_query_blocks",
+    "query_rows",
     "recall_at_k",
 ]

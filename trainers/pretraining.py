@@ -66,6 +66,15 @@ def joint_inputs(
     return block_retriever_inputs(query_ids, body_ids, tokenizer, max_length)
 
 
+def continuation_pieces(tokenizer) -> torch.Tensor:
+    """[V] bool: which wordpiece ids continue a word ("##..."), for `holds_masked_span`'s word-boundary rule."""
+    continuation = torch.zeros(max(len(tokenizer), 1), dtype=torch.bool)
+    for piece, i in tokenizer.get_vocab().items():
+        if piece.startswith("##") and i < len(continuation):
+            continuation[i] = True
+    return continuation
+
+
 def _fetch_rows(blocks, ids: Sequence[int]) -> list[Mapping[str, Any]]:
     """Rows `title_ids`, `token_ids`, `uid` of the given block ids (a datasets.Dataset or a sequence of dicts)."""
     if not ids:
@@ -124,10 +133,7 @@ class RealmPretrainingExamples:
         self.joint_seq_len = joint_seq_len
         self.counters: Counter = Counter({name: 0 for name in COUNTERS})
         # wordpieces that continue a word ("##..."): a span matched in a block must not end inside a word
-        self.continuation = torch.zeros(max(len(tokenizer), 1), dtype=torch.bool)
-        for piece, i in tokenizer.get_vocab().items():
-            if piece.startswith("##") and i < len(self.continuation):
-                self.continuation[i] = True
+        self.continuation = continuation_pieces(tokenizer)
         self.update_index(query_embedder, index)
 
     def update_index(self, query_embedder: nn.Module, index: RealmBlockIndex) -> None:
@@ -178,6 +184,20 @@ class RealmPretrainingExamples:
         stats["num_examples"] = len(kept)
         self.counters.update(stats)
         return self._featurize(queries, kept, candidates, by_id, dict(stats))
+
+    def with_candidates(self, queries: Mapping[str, Any], candidate_block_ids: Sequence[Sequence[int]]) -> dict:
+        """`__call__`'s batch for every query, with the K candidates given (block ids, NULL_BLOCK_ID for the null
+        document) instead of the index's top K: e.g. a block known to hold the masked span beside others, to score the
+        reader apart from the retriever (trainers/preflight.py). Counters are not updated."""
+        candidates = [list(map(int, ids)) for ids in candidate_block_ids]
+        if len(candidates) != len(queries["uid"]) or any(len(ids) != self.num_candidates for ids in candidates):
+            raise ValueError(
+                f"give {self.num_candidates} candidate block ids for each of the {len(queries['uid'])} queries"
+            )
+        unique_ids = sorted({i for ids in candidates for i in ids if i != NULL_BLOCK_ID})
+        by_id = dict(zip(unique_ids, _fetch_rows(self.blocks, unique_ids)))
+        stats = {name: 0 for name in COUNTERS} | {"num_examples": len(candidates)}
+        return self._featurize(queries, list(range(len(candidates))), candidates, by_id, stats)
 
     def _candidates(
         self, ids: list[int], by_id: Mapping[int, Mapping], query_uid: str, stats: Counter
