@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -98,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--queries-per-block", type=int, default=1, help="fixed queries drawn per block (default 1)")
     parser.add_argument("--recall-k", type=int, default=8, help="k of the fixed queries' recall@k (default 8)")
+    parser.add_argument(
+        "--starts-from",
+        default=None,
+        help="an earlier run's OUTPUT of the same --seed and --world: its world, corpus, ICT embedder and reading "
+        "warm-up are used instead of building them again",
+    )
+    parser.add_argument("--pretrain-args", default="", help="more train pretrain flags for every run, e.g. '--x 1'")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -123,14 +131,22 @@ def main(argv: list[str] | None = None) -> int:
         eval_every=args.eval_every,
     )
     stages = Stages(output, preset, args.seed, progress=False)
-    corpus = stages.run("corpus", stages.corpus, stages.run("world", stages.world))
+    if args.starts_from:
+        start = Path(args.starts_from)
+        world_dir, corpus = start / "world", start / "corpus"
+    else:
+        world_dir, corpus = output / "world", stages.run("corpus", stages.corpus, stages.run("world", stages.world))
     # A random tower is saved as a folder first, so that a given encoder folder keeps its own sizes.
-    if args.embedder == "ict":
+    if args.starts_from and args.embedder == "ict":
+        embedder = str(start / "ict")
+    elif args.embedder == "ict":
         embedder = str(stages.run("ICT", stages.ict, corpus))
     else:
         embedder = str(stages.run("initial embedder", stages.initial_tower, corpus, "embedder"))
     if args.encoder == "random":
         encoder = str(stages.run("initial encoder", stages.initial_tower, corpus, "encoder"))
+    elif args.encoder == "reading-warmup" and args.starts_from:
+        encoder = str(start / "reading-warmup")
     elif args.encoder == "reading-warmup":
         encoder = str(stages.run("reading warm-up", stages.reading_warmup, corpus))
     else:
@@ -170,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         # One folder per setting, pretrain-MODE-kK-aA (pretrain-MODE when only one K and one oracle weight are given).
         name = mode if len(candidates) * len(weights) == 1 else f"{mode}-k{num_candidates}-a{weight:g}"
         extra = ["--oracle-reader-weight", str(weight), "--hold-out-queries", str(args.hold_out)]
+        extra += shlex.split(args.pretrain_args)
         stages.preset = dataclasses.replace(preset, pretrain_num_candidates=num_candidates)
         run = stages.run(
             f"REALM pre-training, refresh {mode}, K = {num_candidates}, oracle weight {weight:g}",
@@ -190,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         name: str(output / ("answer-positive" if name == "answer-positive" else f"pretrain-{name}/embedder"))
         for name in runs
     }
-    zero_shot = {name: zero_shot_recall(folder, corpus, output / "world") for name, folder in embedders.items()}
+    zero_shot = {name: zero_shot_recall(folder, corpus, world_dir) for name, folder in embedders.items()}
 
     results = {
         "command": "python benchmarks/bench_learning.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -199,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "timings_s": stages.timings,
+        "starts_from": args.starts_from,
         "num_fixed_queries": len(queries["uid"]),
         "held_out_blocks": held_out,
         "runs": runs,
