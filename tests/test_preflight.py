@@ -138,6 +138,13 @@ def test_a_random_encoder_reads_nothing_so_the_reader_check_fails_with_advice(wo
     assert any("train mlm" in item for item in world_report["advice"])
 
 
+def test_with_an_oracle_weight_the_reader_utility_is_that_of_the_mixed_reader(world):
+    report = preflight(world.corpus, str(world.start), world.root / "mixed", "--oracle-reader-weight", "1",
+                       "--hold-out-queries", str(HELD_OUT), "--preflight-steps", "0")  # fmt: skip
+    # the oracle alone: log(1 - 0.01) from an answer-holding candidate, log(1e-3) from every other (null included)
+    assert report["retrieval_utility"] == pytest.approx(math.log(0.99) - math.log(1e-3), abs=1e-4)
+
+
 def test_a_training_run_into_the_same_output_follows_the_preflight(world, world_report):
     argv = [
         "train", "pretrain", "--corpus", str(world.corpus), "--embedder", str(world.start), "--encoder", "random",

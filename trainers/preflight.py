@@ -279,7 +279,8 @@ def utility_candidates(queries, num_blocks: int, num_candidates: int, seed: int)
 def reader_utility(model: RealmPretrainingModel, examples: RealmPretrainingExamples, queries, seed: int) -> dict:
     """(d): the encoder's mean log p(y|z,x) per masked wordpiece from the candidates that hold the masked span minus
     from the others (null document included), over the queries given a block stating their span among K
-    `utility_candidates`. model: RealmPretrainingModel's reader (oracle_reader_weight 0), in eval mode."""
+    `utility_candidates`. model: RealmPretrainingModel's reader (the encoder; mixed with the oracle when its
+    oracle_reader_weight is above 0), in eval mode."""
     device = next(model.parameters()).device
     kept, candidates = utility_candidates(queries, len(examples.blocks), examples.num_candidates, seed)
     sums = {"answer": 0.0, "other": 0.0, "tokens": 0, "queries": 0}
@@ -523,7 +524,9 @@ def run_preflight(args: argparse.Namespace) -> int:
     }
     retrieval = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0, oracle_reader_weight=1.0).eval()
     report |= retrieval_at_start(retrieval, examples, queries)
-    reader = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0).eval()
+    # The reader this run would train with: the encoder, or its mixture with the oracle (--oracle-reader-weight).
+    weight = getattr(args, "oracle_reader_weight", 0.0)
+    reader = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0, oracle_reader_weight=weight).eval()
     report |= reader_utility(reader, examples, queries, args.seed)
     start_recall = recall_at_k(embedder, index, queries, RECALL_K)
     report |= {f"recall@{RECALL_K}_at_start": start_recall, "oracle_steps": args.preflight_steps}

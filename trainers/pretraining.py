@@ -9,7 +9,7 @@ cuts to K, then builds the candidates' retriever inputs and the joint (knowledge
 only chooses the candidates; gradients reach the shared embedder through both sides), and returns the marginal MLM
 loss (each masked token marginalised over the K candidates, token-level mean over the batch) and Google's metrics.
 
-Not here yet: the index-refresh callback, multi-process example generation, the Trainer loop and the CLI.
+The Trainer loop, the index refresh and the CLI are trainers/pretrain.py and trainers/refresh.py.
 
 Departures from Google's code:
 - Inputs are padded to the longest in the batch, not to Google's fixed 96 / 288 / 384: TPUs need static shapes,
