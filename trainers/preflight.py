@@ -64,6 +64,7 @@ from openrealm.trainers.pretraining import (
     NULL_BLOCK_ID,
     RealmPretrainingExamples,
     RealmPretrainingModel,
+    batch_on,
     continuation_pieces,
 )
 from openrealm.trainers.towers import load_embedder, load_encoder
@@ -218,10 +219,6 @@ def spans_stated_elsewhere(blocks, tokenizer, max_spans: int = MAX_SPANS, seed: 
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _on(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
-
-
 def chance_of_answer(num_answers: int, num_blocks: int, num_candidates: int) -> float:
     """The probability that K - 1 blocks drawn at random among the num_blocks - 1 others (the null document takes
     the K-th place) include one of num_answers answer blocks."""
@@ -242,7 +239,7 @@ def retrieval_at_start(model: RealmPretrainingModel, examples: RealmPretrainingE
         batch = examples(query_rows(queries, start, start + BATCH_SIZE))
         if not batch["uid"]:
             continue
-        output = model(**_on(batch, device))
+        output = model(**batch_on(batch, device))
         size = len(batch["uid"])
         found += float(output.answer_in_candidates) * size
         entropy += float(output.retrieval_entropy) * size
@@ -290,7 +287,7 @@ def reader_utility(model: RealmPretrainingModel, examples: RealmPretrainingExamp
         rows = kept[start : start + BATCH_SIZE]
         chunk = {key: queries[key][rows] for key in QUERY_KEYS} | {"uid": [queries["uid"][r] for r in rows]}
         batch = examples.with_candidates(chunk, candidates[start : start + BATCH_SIZE])
-        output = model(**_on(batch, device))
+        output = model(**batch_on(batch, device))
         token_rows = (batch["labels"] != -100).nonzero(as_tuple=True)[0]
         holds = batch["holds_answer"][token_rows].to(device)  # [N, K]
         usable = holds.any(-1)

@@ -102,6 +102,7 @@ from openrealm.trainers.pretraining import (
     QUERY_SEQ_LEN,
     RealmPretrainingExamples,
     RealmPretrainingModel,
+    batch_on,
     mean_entropy,
     scale_retrieval_embeddings,
     sharpness_for_entropy,
@@ -567,8 +568,7 @@ def set_initial_prior_entropy(
         for start in range(0, len(rows), 32):
             batch = examples(masker([rows[i] for i in range(start, min(start + 32, len(rows)))]))
             if len(batch["uid"]):
-                batch = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
-                query, candidates = model.embed_batch(**batch)
+                query, candidates = model.embed_batch(**batch_on(batch, device))
                 scores.append(torch.einsum("bp,bkp->bk", query, candidates).float().cpu())
     finally:
         model.train(was_training)
@@ -663,8 +663,8 @@ def build_trainer(
     )
     prior = None
     entropy = getattr(args, "initial_prior_entropy", None)
+    queries = training_queries(blocks, args)
     if entropy is not None and getattr(args, "resume_from_checkpoint", None) is None:  # a checkpoint holds the scale
-        queries = training_queries(blocks, args)
         sample = np.random.default_rng(args.seed).permutation(len(queries))[:PRIOR_SAMPLE_QUERIES]
         sampler = SalientSpanCollator(tokenizer, strategy=args.spans, seed=args.seed + 1, query_seq_len=query_seq_len)
         prior = set_initial_prior_entropy(model, examples, sampler, queries.select(np.sort(sample)), entropy)
@@ -681,7 +681,7 @@ def build_trainer(
     trainer = RealmPretrainingTrainer(
         model=model,
         args=training_args,
-        train_dataset=training_queries(blocks, args),
+        train_dataset=queries,
         data_collator=PretrainingCollator(masker, examples),
         callbacks=[refresh, guard, *(callbacks or ())],
         refresh=refresh,

@@ -558,6 +558,11 @@ def _posterior_gain(prior_log_prob: torch.Tensor, token_log_prob: torch.Tensor, 
     return gain.mean() if gain.numel() else torch.zeros((), device=prior_log_prob.device)
 
 
+def batch_on(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A REALM batch with its tensors on `device` (its lists and counters as they are)."""
+    return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+
+
 def mean_entropy(relevance_score: torch.Tensor, sharpness: float = 1.0) -> float:
     """Mean entropy (nats) of softmax(sharpness * relevance_score) over the K candidates of each row [B, K]."""
     log_prob = (sharpness * relevance_score.double()).log_softmax(-1)
