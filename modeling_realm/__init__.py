@@ -101,8 +101,9 @@ def register_with_transformers() -> None:
         AutoModelForMaskedLM,
         AutoModelForQuestionAnswering,
         AutoTokenizer,
+        pipelines,
     )
-    from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+    from transformers.pipelines import PIPELINE_REGISTRY
 
     from .configuration_realm import RealmConfig
     from .modeling_realm import REALM_MODEL_CLASSES, RealmForOpenQA, RealmKnowledgeAugEncoder
@@ -115,8 +116,9 @@ def register_with_transformers() -> None:
     AutoModelForMaskedLM.register(RealmConfig, RealmKnowledgeAugEncoder, exist_ok=True)
     AutoModelForQuestionAnswering.register(RealmConfig, RealmForOpenQA, exist_ok=True)
     AutoTokenizer.register(RealmConfig, tokenizer_class=RealmTokenizer, exist_ok=True)
-    # transformers 5 removed the question-answering task; openrealm provides it again for REALM checkpoints.
-    REMOVED_TASKS.pop("question-answering", None)
+    # Later transformers 5 releases list question-answering among REMOVED_TASKS; openrealm provides it again for
+    # REALM checkpoints (earlier 5.x releases, without that list, are overridden by the registration itself).
+    getattr(pipelines, "REMOVED_TASKS", {}).pop("question-answering", None)
     PIPELINE_REGISTRY.register_pipeline(
         "question-answering",
         pipeline_class=RealmQuestionAnsweringPipeline,

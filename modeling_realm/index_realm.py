@@ -43,6 +43,8 @@ APPROXIMATE_TYPES = ("ivf", "hnsw", "ivfpq", "pq")
 DEFAULT_MAX_DRIFT = 0.1  # an approximate index changed by more than 10% since it was trained says it needs a rebuild
 FORMAT_VERSION = 1
 _GPU_MAX_K = 2048  # faiss GPU indexes return at most 2048 neighbours per query
+# Candidates per wanted result that exact search over float16 / bfloat16 embeddings re-scores in float32.
+HALF_PRECISION_RERANK = 4
 
 # Parameters each index type accepts (all ints). None = filled in by resolve_index_params from the data size, except
 # chunk_size, which stays unset and is picked per device at search time (default_chunk_size).
@@ -123,6 +125,10 @@ def torch_exact_search(
     row ids [R] never returned (removed blocks); k must not exceed the N - R others. Equal scores (duplicate blocks)
     go to the lowest id, at the cut too, so the result does not depend on the chunk size, the sharding or the kernel
     torch.topk uses for ties.
+
+    float16 / bfloat16 block_emb (half the bytes to read): the scan scores in that precision, whose rounding (8 bits of
+    mantissa in bf16) would reorder close blocks, so it keeps HALF_PRECISION_RERANK * k candidates and re-scores them
+    in float32 (float32 query . stored row): the returned scores and order are those of the stored vectors.
     """
     num_blocks = block_emb.shape[0]
     num_excluded = 0 if excluded is None else excluded.numel()
@@ -130,6 +136,8 @@ def torch_exact_search(
         raise ValueError(f"k must be in [1, {num_blocks - num_excluded} searchable blocks], got k={k}")
     if num_excluded:
         excluded = excluded.to(block_emb.device)
+    half = block_emb.dtype in (torch.float16, torch.bfloat16)
+    num_fetch = min(k * HALF_PRECISION_RERANK, num_blocks - num_excluded) if half else k
     chunk_size = chunk_size or default_chunk_size(block_emb.device, query_emb.shape[0])
     q = query_emb.detach().to(block_emb.device, block_emb.dtype)
     # One reusable score buffer: allocating (and page-faulting) a fresh one per chunk costs more than the top-k.
@@ -144,14 +152,32 @@ def torch_exact_search(
                     excluded, torch.tensor([start, start + chunk.shape[0]], device=excluded.device)
                 )
                 scores[:, excluded[lo:hi] - start] = float("-inf")
-            top_scores, top_ids = top_k_lowest_ids_first(scores, k)
+            if half:  # ties among the rounded scores are settled by the float32 re-scoring below
+                top_scores, top_ids = scores.topk(min(num_fetch, chunk.shape[0]), dim=1)
+            else:
+                top_scores, top_ids = top_k_lowest_ids_first(scores, num_fetch)
             top_scores, top_ids = top_scores.float(), top_ids + start
             if best_scores is not None:  # earlier chunks hold lower ids: a stable sort keeps them first among equals
                 top_scores, top_ids = torch.cat([best_scores, top_scores], 1), torch.cat([best_ids, top_ids], 1)
-                order = top_scores.argsort(dim=1, descending=True, stable=True)[:, :k]
+                order = top_scores.argsort(dim=1, descending=True, stable=True)[:, :num_fetch]
                 top_scores, top_ids = top_scores.gather(1, order), top_ids.gather(1, order)
             best_scores, best_ids = top_scores, top_ids
+        if half:
+            best_scores, best_ids = _rescore_float32(block_emb, query_emb.detach().to(block_emb.device), best_ids, k)
     return best_scores.to(query_emb.device), best_ids.to(query_emb.device)
+
+
+def _rescore_float32(
+    block_emb: torch.Tensor, query_emb: torch.Tensor, ids: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates ids [Q, C] (-inf scored ones included) -> the best k by float32 inner product, ties to the lowest
+    id: (scores [Q, k] float32, ids [Q, k])."""
+    candidates = block_emb[ids].float()  # [Q, C, D]
+    scores = torch.bmm(candidates, query_emb.float().unsqueeze(2)).squeeze(2)
+    by_id = ids.argsort(dim=1)
+    scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
+    order = scores.argsort(dim=1, descending=True, stable=True)[:, :k]
+    return scores.gather(1, order), ids.gather(1, order)
 
 
 class RealmBlockIndex:

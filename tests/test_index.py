@@ -497,3 +497,21 @@ def test_metadata_round_trips_through_save_and_load(tmp_path):
     loaded = RealmBlockIndex.from_pretrained(tmp_path / "index")
     assert loaded.metadata == {"corpus_fingerprint": "abc123", "embedder": "tiny"}
     assert loaded.version == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_exact_search_over_half_precision_storage_ranks_by_the_float32_scores_of_the_stored_vectors(dtype):
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.nn.functional.layer_norm(torch.randn(20_000, 64, generator=g), (64,))
+    queries = blocks[:16] + 0.7 * torch.randn(16, 64, generator=g)
+    stored = blocks.to(dtype)
+    scores, ids = RealmBlockIndex(stored, "exact").search(queries, 5)
+    assert scores.dtype == torch.float32
+    assert_same_top_k((scores, ids), torch_exact_search(stored.float(), queries, 5), rtol=1e-4, atol=1e-4)
+
+
+def test_exact_search_over_half_precision_storage_returns_duplicates_lowest_id_first():
+    blocks = torch.nn.functional.layer_norm(torch.randn(1000, 32, generator=torch.Generator().manual_seed(1)), (32,))
+    blocks[900:] = blocks[:100]
+    scores, ids = torch_exact_search(blocks.to(torch.bfloat16), blocks[:10], 2, chunk_size=256)
+    assert ids.tolist() == [[i, i + 900] for i in range(10)]

@@ -38,6 +38,18 @@ def test_importing_openrealm_registers_the_question_answering_task(qa):
     assert isinstance(qa.model, openrealm.RealmForOpenQA) and qa.model.retriever is not None
 
 
+def test_registration_works_with_a_transformers_5_release_that_lists_no_removed_tasks(monkeypatch):
+    """transformers 5.17 (what the GPU machines have) has no pipelines.REMOVED_TASKS; `import openrealm` must not
+    depend on it."""
+    import transformers.pipelines
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    monkeypatch.delattr(transformers.pipelines, "REMOVED_TASKS", raising=False)
+    monkeypatch.setattr(openrealm, "_registered", False)
+    openrealm.register_with_transformers()
+    assert PIPELINE_REGISTRY.supported_tasks["question-answering"]["impl"] is RealmQuestionAnsweringPipeline
+
+
 def test_a_question_gets_an_answer_from_a_retrieved_block_with_provenance(qa):
     result = qa(QUESTIONS[0])
     assert set(result) == {"answer", "score", "block_id", "title", "text", "start", "end", "retrieval_score"}

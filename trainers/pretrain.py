@@ -340,9 +340,10 @@ def index_shards(args: argparse.Namespace, world: int) -> int:
 
 
 def initial_index(args: argparse.Namespace, embedder, index_root: Path, accelerator=None):
-    """`--index ROOT` (newest version) or version 0 built from the initial embedder into index_root. accelerator: the
-    PartialState of several processes: each embeds its share, the main one writes, every one gets the index (with
-    --shard-index: each writes its shard and holds only it)."""
+    """`--index ROOT` (newest version) or version 0 built from the initial embedder into index_root, on the device
+    training will use (the GPU when there is one: the towers are still on the CPU here). accelerator: the
+    PartialState of several processes: each embeds its share on its own device, the main one writes, every one gets
+    the index (with --shard-index: each writes its shard and holds only it)."""
     world = accelerator.num_processes if accelerator is not None else 1
     if args.index:
         return load_index(args.index, sharded=index_shards(args, world) > 1, device=_shard_device(args, world))
@@ -356,6 +357,7 @@ def initial_index(args: argparse.Namespace, embedder, index_root: Path, accelera
         max_length=getattr(args, "candidate_seq_len", CANDIDATE_SEQ_LEN),
         progress=False,
         accelerator=accelerator,
+        device=None if accelerator is not None else ("cuda" if torch.cuda.is_available() else "cpu"),
         num_shards=index_shards(args, world),
     )
 
