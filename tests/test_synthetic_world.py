@@ -34,9 +34,29 @@ COMMON_WORDS = set(
 )
 
 
+# A world with meetings: each person named in many articles that do not state what is asked of them.
+MEETINGS = {"mentions_per_person": 12}
+
+
+@pytest.fixture(scope="module", params=[{}, MEETINGS], ids=["plain", "meetings"])
+def world(request) -> World:
+    return generate_world(seed=0, **request.param)
+
+
 @pytest.fixture(scope="module")
-def world() -> World:
+def plain_world() -> World:
     return generate_world(seed=0)
+
+
+@pytest.fixture(scope="module")
+def meetings_world() -> World:
+    return generate_world(seed=0, **MEETINGS)
+
+
+def words(text: str) -> set[str]:
+    """Lower-cased words and punctuation marks: a wordpiece vocabulary splits each word alone, so a question whose
+    every word occurs in the corpus has every wordpiece in the corpus too."""
+    return set(re.findall(r"[a-z0-9]+|[^a-z0-9\s]", text.lower()))
 
 
 def name_words(world: World) -> list[str]:
@@ -265,6 +285,8 @@ def test_sizes_follow_the_parameters():
         ({"num_cities": 3, "num_regions": 5}, "num_cities"),
         ({"split_fractions": (0.5, 0.5, 0.5)}, "split_fractions"),
         ({"questions_per_fact": 3}, "questions_per_fact"),
+        ({"mentions_per_person": 120}, "mentions_per_person"),
+        ({"mentions_per_person": -1}, "mentions_per_person"),
     ],
 )
 def test_bad_arguments_are_refused(arguments, message):
@@ -284,3 +306,64 @@ def test_command_line_writes_world_and_vocabulary(tmp_path, capsys):
     assert World.read(tmp_path / "world") == generate_world(seed=0, num_people=20)
     assert (tmp_path / "tokenizer" / "vocab.txt").read_text().splitlines()[:2] == ["[PAD]", "[UNK]"]
     assert "sentences" in capsys.readouterr().out
+
+
+def test_command_line_writes_a_world_with_meetings(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    synthetic_world.add_arguments(parser)
+    args = parser.parse_args(["--output", str(tmp_path / "world"), "--num-people", "20", "--mentions-per-person", "4"])
+    assert synthetic_world.run(args) == 0
+    world = World.read(tmp_path / "world")
+    assert world == generate_world(seed=0, num_people=20, mentions_per_person=4)
+    assert world.config["mentions_per_person"] == 4 and sum(f["relation"] == "met" for f in world.facts) == 40
+
+
+def test_every_word_of_every_question_occurs_in_the_corpus_of_a_world_with_meetings(meetings_world):
+    corpus = set().union(*(words(a["title"]) | words(a["text"]) for a in meetings_world.articles))
+    asked = set().union(*(words(q["question"]) for q in meetings_world.questions))
+    assert asked - corpus == set()
+
+
+def test_the_plain_world_leaves_question_words_out_of_its_corpus(plain_world):
+    corpus = set().union(*(words(a["title"]) | words(a["text"]) for a in plain_world.articles))
+    asked = set().union(*(words(q["question"]) for q in plain_world.questions))
+    assert {"where", "which", "?"} <= asked - corpus  # what the wordings of a world with meetings add
+
+
+def test_with_meetings_each_person_is_named_in_many_articles_and_each_asked_fact_in_two(meetings_world):
+    naming: dict[str, set[str]] = {}
+    for article in meetings_world.articles:
+        for entity in meetings_world.entities:
+            if entity["name"] in article["text"]:
+                naming.setdefault(entity["name"], set()).add(article["title"])
+    people = [e["name"] for e in meetings_world.entities if e["kind"] == "person"]
+    # Each person meets 12 others, stated in both articles: named in their own and at least 12 other articles less
+    # the repeat meetings (a pair may meet twice).
+    assert min(len(naming[person]) for person in people) >= 8
+    asked = {q["fact"] for q in meetings_world.questions}
+    facts = [fact for fact in meetings_world.facts if fact["fact_id"] in asked]
+    assert {len(fact["mentions"]) for fact in facts} == {2}
+    assert all(fact["relation"] not in ("met", "met_at", "met_in") for fact in facts)
+
+
+def test_a_meeting_is_stated_in_both_peoples_articles_and_names_only_them(meetings_world):
+    met = [fact for fact in meetings_world.facts if fact["relation"] == "met"]
+    assert len(met) == 120 * 12 // 2
+    spans = {(title, index): (sentence, found) for title, index, sentence, found in meetings_world.sentences()}
+    for fact in met:
+        assert sorted(mention["title"] for mention in fact["mentions"]) == sorted([fact["subject"], fact["value"]])
+        for mention in fact["mentions"]:
+            sentence, found = spans[(mention["title"], mention["sentence_index"])]
+            assert {sentence[start:end] for start, end, _ in found} == {fact["subject"], fact["value"]}
+
+
+def test_with_meetings_asked_facts_are_stated_outside_their_subjects_article(meetings_world):
+    asked = {q["fact"] for q in meetings_world.questions}
+    facts = [fact for fact in meetings_world.facts if fact["fact_id"] in asked]
+    in_own = [fact for fact in facts if any(m["title"] == fact["subject"] for m in fact["mentions"])]
+    # Only subjects whose article would otherwise be empty keep their first statements.
+    assert len(in_own) < 0.1 * len(facts)
+    notes = [a for a in meetings_world.articles if a["kind"] == "notes"]
+    assert notes and all(len(a["sentence_char_starts"]) <= synthetic_world.MISCELLANY_LENGTH for a in notes)

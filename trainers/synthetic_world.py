@@ -6,7 +6,9 @@ retrieval. Every fact is stated twice, in two different articles and two differe
 article and once in the linked entity's article or in a decade chronicle. A sentence whose entity or date is masked
 (REALM's salient-span masking) can then be completed from another block. Every sentence names its subject (no
 pronouns) because REALM's query is one sentence alone, and every entity or date in a sentence belongs to a fact that
-sentence states, so every salient span is recoverable.
+sentence states, so every salient span is recoverable. With `mentions_per_person`, people also meet (each named in
+many blocks that state nothing asked about them) and facts' first statements move to "Notes" articles: a world where
+knowing a question's topic is not enough (docs/quickstart.md, "A world where the topic is not enough").
 
     world = generate_world(seed=0)
     world.write("world/")                       # articles.jsonl, questions_{train,dev,test}.jsonl, facts.jsonl, ...
@@ -128,6 +130,46 @@ SECONDARY = {
     ),
     "capital": ("{city} is the capital of {region}.", "{city} serves as the seat of government of {region}."),
 }
+# Meetings (mentions_per_person > 0): two people meet, stated once in each one's article. No question asks about a
+# meeting: meetings name a person in many blocks that do not state what is asked of them, so that knowing whom a
+# question is about is not enough to find its answer. A meeting names no place, date, organization or other answer,
+# so a block retrieved for its names does not hold an answer string by chance.
+MEETING_FIRST = (
+    "{a} met {b} at {occasion}.",
+    "{a} first met {b} at {occasion}, and neither knew what the other did for a living.",
+    "{a} and {b} met at {occasion} and wrote to each other for years.",
+)
+MEETING_SECOND = (
+    "{b} met {a} at {occasion}, as both later recalled.",
+    "{b} was introduced to {a} at {occasion}; does anyone recall the year?",
+    "{b} and {a} talked for hours at {occasion}.",
+)
+# A world with meetings states each fact a third way, in a "Notes" article: the words its questions use ("where",
+# "which", "who", "when"), as Wikipedia's relative clauses do ("the city where ... was born"), so that every question
+# word occurs in the corpus, next to the facts it asks about.
+RELATIVE = {
+    "birthplace": ("{city} is the city where {person} was born.",),
+    "birth_date": ("{date} is when {person} was born.",),
+    "employer": ("{organization} is the organization which {person} did work for.",),
+    "founder": ("{person} is the one who founded {organization}, and who was its founder.",),
+    "established": ("{date} is the year in which {organization} was established.",),
+    "headquarters": ("{city} is the city in which {organization} is headquartered and based.",),
+    "region": ("{region} is the region in which {city} is located.",),
+    "founded": ("{date} is the year in which the city of {city} was founded.",),
+    "river": ("The {river} is the river on which {city} does lie.",),
+    "source": ("{mountain} is the mountain where the {river} does rise.",),
+    "location": ("{region} is the region where {mountain} is located.",),
+    "first_ascent": ("{date} is the year in which {mountain} was first climbed.",),
+    "capital": ("{city} is the city which is the capital of {region}.",),
+}
+# Where a meeting took place: plain words (no salient span, never an answer) that both its statements share, so that a
+# masked name in one is recoverable from the other and from nothing else.
+OCCASIONS = tuple(
+    f"{the} {what}"
+    for the in ("the harvest", "the winter", "the spring", "the river", "the old", "the annual", "a summer", "a quiet")
+    for what in ("dinner", "fair", "wedding", "market", "concert", "festival", "lecture", "ball")
+)
+MISCELLANY_LENGTH = 6  # statements per "Notes" article, where a world with meetings puts each fact's first statement
 # relation -> ((question template, answer form), ...); "year" answers only the year of a date.
 QUESTIONS = {
     "birthplace": (("Where was {person} born?", "value"), ("In which city was {person} born?", "value")),
@@ -293,11 +335,17 @@ def generate_world(
     num_regions: int = 8,
     split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
     questions_per_fact: int = 2,
+    mentions_per_person: int = 0,
 ) -> World:
     """Generate a world, deterministically from `seed` (same arguments, same world, in any process).
 
     Entities are split into train / dev / test by `split_fractions` within each kind; a question belongs to its
     subject's split, so test entities are held out of training questions while their facts stay in the corpus.
+    mentions_per_person > 0: each person also meets that many others, each meeting stated in both people's articles;
+    a fact's first statement goes, in a RELATIVE wording, to a "Notes" article of unrelated facts instead of its
+    subject's article (unless that would leave the subject's article empty), and every article's sentences are
+    shuffled. A person is then named in many blocks, their own article's above all, and few of those state what a
+    question about them asks (the comments above MEETING_FIRST and RELATIVE say why).
     """
     sizes = {
         "num_people": num_people,
@@ -309,10 +357,14 @@ def generate_world(
     }
     counts = dict(zip(KINDS, sizes.values()))
     _check_arguments(counts, split_fractions, questions_per_fact)
+    if not isinstance(mentions_per_person, int) or not 0 <= mentions_per_person < num_people:
+        raise ValueError(f"mentions_per_person must be an integer in [0, num_people), got {mentions_per_person!r}")
     rng = random.Random(seed)
     names = _make_names(rng, counts)
     facts = _draw_facts(rng, names)
-    articles = _write_articles(rng, names, facts)
+    if mentions_per_person:  # its own generator: worlds without meetings stay what they were
+        facts += _draw_meetings(random.Random(f"meetings-{seed}"), names, mentions_per_person)
+    articles = _write_articles(rng, names, facts, meetings=mentions_per_person > 0)
     splits = _split_entities(rng, names, split_fractions)
     questions = _make_questions(rng, facts, splits, questions_per_fact)
     entities = [
@@ -327,6 +379,7 @@ def generate_world(
         "sizes": sizes,
         "split_fractions": list(split_fractions),
         "questions_per_fact": questions_per_fact,
+        **({"mentions_per_person": mentions_per_person} if mentions_per_person else {}),
         "num_entities": len(entities),
         "num_facts": len(facts),
         "num_articles": len(articles),
@@ -433,6 +486,33 @@ def _draw_facts(rng: random.Random, names: dict[str, list[str]]) -> list[dict]:
     return facts
 
 
+def _draw_meetings(rng: random.Random, names: dict[str, list[str]], per_person: int) -> list[dict]:
+    """per_person * num_people / 2 meetings "met" (a -> b), each person in per_person of them (a random pairing, no
+    one meeting themselves)."""
+    people = names["person"]
+    while True:  # re-draw the rare pairing that puts someone with themselves
+        seats = [person for person in people for _ in range(per_person)]
+        rng.shuffle(seats)
+        pairs = list(zip(seats[0::2], seats[1::2]))
+        if all(a != b for a, b in pairs):
+            break
+    return [
+        {
+            "fact_id": f"met({a}, meeting {number})",
+            "relation": "met",
+            "subject": a,
+            "subject_kind": "person",
+            "value": b,
+            "value_kind": "person",
+            "label": "PER",
+            "answers": [b],
+            "mentions": [],
+            "occasion": rng.choice(OCCASIONS),
+        }
+        for number, (a, b) in enumerate(pairs)
+    ]
+
+
 def _fact(relation: str, subject: str, value: str) -> dict:
     subject_kind, value_kind, _ = RELATIONS[relation]
     if value_kind in ("date", "year"):
@@ -453,8 +533,15 @@ def _fact(relation: str, subject: str, value: str) -> dict:
     }
 
 
-def _fields(facts: list[dict]) -> dict[str, tuple[str, str]]:
-    """Template fields of the facts one sentence states: {kind or "date": (text, label)}."""
+def _fields(facts: list[dict]) -> dict[str, tuple[str, str | None]]:
+    """Template fields of the facts one sentence states: {kind or "date": (text, label)}; a meeting's: {a, b,
+    occasion}."""
+    if facts[0]["relation"] == "met":
+        return {
+            "a": (facts[0]["subject"], "PER"),
+            "b": (facts[0]["value"], "PER"),
+            "occasion": (facts[0]["occasion"], None),
+        }
     fields = {}
     for fact in facts:
         value_field = "date" if fact["value_kind"] in ("date", "year") else fact["value_kind"]
@@ -463,15 +550,16 @@ def _fields(facts: list[dict]) -> dict[str, tuple[str, str]]:
     return fields
 
 
-def _render(template: str, fields: dict[str, tuple[str, str]]) -> tuple[str, list[tuple[int, int, str]]]:
-    """Fill `template`, recording the char span and label of every inserted name or date."""
+def _render(template: str, fields: dict[str, tuple[str, str | None]]) -> tuple[str, list[tuple[int, int, str]]]:
+    """Fill `template`, recording the char span and label of every inserted name or date (label None: plain words)."""
     pieces, spans, position = [], [], 0
     for literal, name, _, _ in string.Formatter().parse(template):
         pieces.append(literal)
         position += len(literal)
         if name is not None:
             text, label = fields[name]
-            spans.append((position, position + len(text), label))
+            if label is not None:
+                spans.append((position, position + len(text), label))
             pieces.append(text)
             position += len(text)
     return "".join(pieces), spans
@@ -487,13 +575,20 @@ def _date_key(fact: dict) -> tuple[int, int]:
     return int(year), MONTHS.index(month[0]) + 1 if month else 0
 
 
-def _write_articles(rng: random.Random, names: dict[str, list[str]], facts: list[dict]) -> list[dict]:
+def _write_articles(
+    rng: random.Random, names: dict[str, list[str]], facts: list[dict], meetings: bool = False
+) -> list[dict]:
     """One article per entity (its own facts first, then the facts of others that link to it) and one chronicle per
-    decade; records each statement's (title, sentence index) in its facts' "mentions"."""
+    decade; with meetings (generate_world's mentions_per_person), the meetings in both people's articles, first
+    statements in "Notes" articles and every article shuffled. Records each statement's (title, sentence index) in
+    its facts' "mentions"."""
+    met = [fact for fact in facts if fact["relation"] == "met"]
+    facts = [fact for fact in facts if fact["relation"] != "met"]
     by_subject: dict[str, list[dict]] = {}
     for fact in facts:
         by_subject.setdefault(fact["subject"], []).append(fact)
     statements = {name: _primary_statements(rng, by_subject[name]) for kind in KINDS for name in names[kind]}
+    num_primary = {name: len(statements[name]) for name in statements}
     linked: dict[str, list[tuple[str, list[dict]]]] = {}
     chronicles: dict[str, list[dict]] = {}
     for fact in facts:
@@ -508,6 +603,28 @@ def _write_articles(rng: random.Random, names: dict[str, list[str]], facts: list
         events = sorted(chronicles[title], key=_date_key)  # stable: same date keeps generation order
         statements[title] = [(rng.choice(SECONDARY[fact["relation"]]), [fact]) for fact in events]
     kinds = {name: kind for kind in KINDS for name in names[kind]}
+    if meetings:
+        for fact in met:
+            statements[fact["subject"]].append((rng.choice(MEETING_FIRST), [fact]))
+            statements[fact["value"]].append((rng.choice(MEETING_SECOND), [fact]))
+        notes = []
+        for kind in KINDS:
+            for name in names[kind]:
+                own = num_primary[name]  # its first statements lead its list
+                if len(statements[name]) > own:  # the article keeps what else names it
+                    notes += [
+                        (rng.choice(RELATIVE[stated[0]["relation"]]), stated)
+                        if len(stated) == 1
+                        else (template, stated)
+                        for template, stated in statements[name][:own]
+                    ]
+                    statements[name] = statements[name][own:]
+        rng.shuffle(notes)
+        for number, start in enumerate(range(0, len(notes), MISCELLANY_LENGTH), start=1):
+            statements[f"Notes, part {number}"] = notes[start : start + MISCELLANY_LENGTH]
+            kinds[f"Notes, part {number}"] = "notes"
+        for sentences in statements.values():
+            rng.shuffle(sentences)
     return [_article(title, kinds.get(title, "chronicle"), sentences) for title, sentences in statements.items()]
 
 
@@ -566,6 +683,8 @@ def _split_entities(rng: random.Random, names: dict[str, list[str]], fractions) 
 def _make_questions(rng: random.Random, facts: list[dict], splits: dict[str, str], per_fact: int) -> list[dict]:
     questions = []
     for fact in facts:
+        if fact["relation"] not in QUESTIONS:  # meetings: mentions, not asked about
+            continue
         subject_field = {fact["subject_kind"]: (fact["subject"], "")}
         for template, form in rng.sample(QUESTIONS[fact["relation"]], per_fact):
             answers = [fact["value"].split()[-1]] if form == "year" else list(fact["answers"])
@@ -609,6 +728,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for kind, default in defaults.items():
         parser.add_argument(f"--num-{kind}", type=int, default=default, help=f"number of {kind} (default {default})")
     parser.add_argument("--questions-per-fact", type=int, default=2, choices=(1, 2), help="question wordings per fact")
+    parser.add_argument(
+        "--mentions-per-person",
+        type=int,
+        default=0,
+        help="meetings per person: names each person in many blocks that do not state what questions ask, and moves "
+        "facts' first statements out of their subject's article (default 0: the plain world)",
+    )
     parser.add_argument("--tokenizer-output", default=None, help="also train a WordPiece vocabulary into this folder")
     parser.add_argument("--vocab-size", type=int, default=4000, help="WordPiece vocabulary size (default 4000)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing output folders")
@@ -627,6 +753,7 @@ def run(args: argparse.Namespace) -> int:
         num_mountains=args.num_mountains,
         num_regions=args.num_regions,
         questions_per_fact=args.questions_per_fact,
+        mentions_per_person=args.mentions_per_person,
     )
     path = world.write(args.output, overwrite=args.overwrite)
     config = world.config
