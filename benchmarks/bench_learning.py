@@ -106,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         "warm-up are used instead of building them again",
     )
     parser.add_argument("--pretrain-args", default="", help="more train pretrain flags for every run, e.g. '--x 1'")
+    parser.add_argument(
+        "--model", default=None, help="RealmConfig overrides of both towers (default: the quickstart's tiny ones)"
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=None, help="WordPiece vocabulary (default: the quickstart's)"
+    )
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -129,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         pretrain_learning_rate=args.learning_rate,
         pretrain_embedder_learning_rate=embedder_lr,
         eval_every=args.eval_every,
+        model=args.model or PRESETS["default"].model,
+        vocab_size=args.vocab_size or PRESETS["default"].vocab_size,
     )
     stages = Stages(output, preset, args.seed, progress=False)
     if args.starts_from:
