@@ -44,6 +44,14 @@ import torch
 
 from openrealm.block_records import BlockRecords
 from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
+from openrealm.tokenization.sources import (
+    ID_COLUMN,
+    PASSAGE_ID,
+    TEXT_COLUMN,
+    TITLE_COLUMN,
+    input_kind,
+    load_table_articles,
+)
 
 CORPUS_FORMAT = "openrealm.corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -78,12 +86,12 @@ Span = tuple[int, int, str]
 SpanAnnotator = Callable[[str], list[Span]]
 
 
-def block_features():
-    """The `datasets.Features` of the blocks/ dataset (COLUMNS order)."""
+def block_features(passages: bool = False):
+    """The `datasets.Features` of the blocks/ dataset (COLUMNS order; a corpus of passages adds passage_id)."""
     from datasets import Features, List, Value
 
     ints = List(Value("int32"))
-    return Features(
+    features = Features(
         {
             "block_id": Value("int64"),
             "article_id": Value("int64"),
@@ -100,6 +108,9 @@ def block_features():
             "span_labels": List(Value("string")),
         }
     )
+    if passages:
+        features[PASSAGE_ID] = Value("string")
+    return features
 
 
 def is_removed_page(title: str) -> bool:
@@ -211,6 +222,7 @@ class BlockBuilder:
         html_unescape: bool = True,
         language: str = "en",
         source_name: str = "<articles>",
+        passages: bool = False,
     ):
         if max_block_length < 4:
             raise ValueError(
@@ -226,6 +238,7 @@ class BlockBuilder:
         self.html_unescape = html_unescape
         self.language = language
         self.source_name = source_name
+        self.passages = passages
         self._factory = span_annotator if span_annotator is not None and _is_factory(span_annotator) else None
         self._annotator = None if self._factory is not None else span_annotator
         self._backend = None  # the tokenizers.Tokenizer used by _tokenize (made on first use in each process)
@@ -245,24 +258,58 @@ class BlockBuilder:
 
     # -- the map function ----------------------------------------------------------------------------------------
 
-    def __call__(self, titles: list, texts: list, indices: list[int]) -> dict[str, list]:
-        kept = [(i, title, text) for i, title, text in zip(indices, titles, texts) if self._keep(i, title, text)]
-        sentences = [self._sentences(text) for _, _, text in kept]
+    def __call__(self, titles: list, texts: list, *rest: list) -> dict[str, list]:
+        """A batch of articles -> their blocks. rest: (indices,), or (passage_ids, indices) for passages: each
+        passage then makes one block (its first `budget` wordpieces; "cut" says whether anything was left out)."""
+        *passage_ids, indices = rest
+        passage_ids = passage_ids[0] if passage_ids else [None] * len(indices)
+        kept = [
+            (i, title, text, passage_id)
+            for i, title, text, passage_id in zip(indices, titles, texts, passage_ids)
+            if self._keep(i, title, text)
+        ]
+        sentences = [self._sentences(text) for _, _, text, _ in kept]
         flat = [sentence for article in sentences for sentence in article]
-        ids = self._tokenize([title for _, title, _ in kept]) if kept else []
+        ids = self._tokenize([title for _, title, _, _ in kept]) if kept else []
         sentence_ids = iter(self._tokenize(flat)) if flat else iter(())
         spans = iter(self._annotate(flat)) if flat else iter(())
-        columns: dict[str, list] = {name: [] for name in COLUMNS if name != "block_id"}
-        for (article_id, title, _), title_ids, article in zip(kept, ids, sentences):
+        columns: dict[str, list] = {name: [] for name in self.output_columns}
+        for (article_id, title, _, passage_id), title_ids, article in zip(kept, ids, sentences):
             budget = self._budget(title_ids)
             pieces = []
             for sentence in article:
                 sentence_spans, token_ids = next(spans), next(sentence_ids)
                 if token_ids:  # text the tokenizer drops entirely (control characters only) adds nothing to a block
                     pieces.extend(self._pieces(sentence, token_ids, sentence_spans, budget))
-            for block in _pack(pieces, budget):
+            if not self.passages:
+                for block in _pack(pieces, budget):
+                    _append_block(columns, article_id, title, title_ids, block)
+            elif pieces:
+                block, cut = self._passage_block(pieces, budget)
                 _append_block(columns, article_id, title, title_ids, block)
+                columns[PASSAGE_ID].append(passage_id)
+                columns["cut"].append(cut)
         return columns
+
+    @property
+    def output_columns(self) -> list[str]:
+        """The columns __call__ returns: COLUMNS but block_id; with passages also passage_id and cut."""
+        names = [name for name in COLUMNS if name != "block_id"]
+        return [*names, PASSAGE_ID, "cut"] if self.passages else names
+
+    def _passage_block(self, pieces: list[_Piece], budget: int) -> tuple[list[_Piece], bool]:
+        """(the pieces of a passage that fit in one block, whether some were cut off): a piece that crosses the
+        budget is cut at a word boundary (as an over-long sentence is), the rest of the passage left out."""
+        block, length = [], 0
+        for piece in pieces:  # each piece fits in the budget (_pieces): the first always fits whole
+            room = budget - length
+            if len(piece.ids) > room:
+                if room > 0:
+                    block.append(self._split_long_sentence(piece.text, piece.ids, piece.spans, room)[0])
+                return block, True
+            block.append(piece)
+            length += len(piece.ids)
+        return block, False
 
     def _keep(self, index: int, title: Any, text: Any) -> bool:
         for field, value in (("title", title), ("text", text)):
@@ -501,10 +548,36 @@ def jsonl_string(row: Mapping, field: str, path, line: int) -> str:
     return value
 
 
-def _article_rows(paths: list[str]) -> Iterator[dict]:
+def _article_rows(
+    paths: list[str],
+    title_column: str = "title",
+    text_column: str = "text",
+    id_column: str | None = None,
+    id_required: bool = False,
+) -> Iterator[dict]:
+    """{"title", "text"} of each line (+ "passage_id" with an id_column: the field's string or number as a string,
+    None where the line lacks it unless id_required)."""
     for path in paths:
         for number, row in iter_jsonl(path):
-            yield {"title": jsonl_string(row, "title", path, number), "text": jsonl_string(row, "text", path, number)}
+            article = {
+                "title": jsonl_string(row, title_column, path, number),
+                "text": jsonl_string(row, text_column, path, number),
+            }
+            if id_column is not None:
+                article[PASSAGE_ID] = _jsonl_id(row, id_column, id_required, path, number)
+            yield article
+
+
+def _jsonl_id(row: Mapping, field: str, required: bool, path, line: int) -> str | None:
+    """row[field] as a string (a JSON string or integer); None when absent and not required (JsonlError otherwise)."""
+    if field not in row and not required:
+        return None
+    if field not in row:
+        raise JsonlError(path, line, f"missing field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
+    value = row[field]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise JsonlError(path, line, f"field {field!r} must be a string or an integer, got {json_type(value)}")
+    return str(value)
 
 
 def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
@@ -519,38 +592,99 @@ def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
     return tokenizer, getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
 
 
-def load_articles(source, cache_dir: str):
-    """A JSONL path (or list of paths) or a datasets.Dataset -> (Dataset with "title" and "text", name)."""
-    from datasets import Dataset, Features, Value
+def load_articles(
+    source,
+    cache_dir: str,
+    *,
+    title_column: str = TITLE_COLUMN,
+    text_column: str = TEXT_COLUMN,
+    id_column: str | None = None,
+    passages: bool = False,
+    input_name: str | None = None,
+    split: str | None = None,
+):
+    """Articles -> (Dataset with "title" and "text", and "passage_id" when passages, name for messages).
+
+    source: a datasets.Dataset, or an --input path or list of them: JSONL files, Parquet and CSV/TSV files, globs of
+    them, save_to_disk folders, a Hub dataset id (tokenization/sources.py; input_name, its configuration, and split
+    for the last two).
+    title_column, text_column: where the title and text are. passages: also read each row's passage id, from
+    id_column (every row must have it) or, when None, from an "id" column where there is one (else None).
+    """
+    from datasets import Dataset
 
     if isinstance(source, Dataset):
-        articles, name = source, source.info.dataset_name or f"datasets.Dataset({len(source)} rows)"
-    else:
-        paths = _source_paths(source)
-        for path in paths:
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"article file not found: {path}")
-        name = ", ".join(paths)
-        if all(next(iter_jsonl(path), None) is None for path in paths):
-            raise ValueError(f"{name} holds no articles (empty file)")
-        features = Features({"title": Value("string"), "text": Value("string")})
-        try:
-            articles = Dataset.from_generator(
-                _article_rows, gen_kwargs={"paths": paths}, features=features, cache_dir=cache_dir
-            )
-        except Exception as error:  # datasets wraps the generator's error in a generic one: report the line's
-            cause = error
-            while cause is not None and not isinstance(cause, (JsonlError, OSError)):
-                cause = cause.__cause__ or cause.__context__
-            if isinstance(cause, JsonlError):
-                raise JsonlError(cause.path, cause.line, cause.problem) from None
-            if cause is not None:  # e.g. a full disk while datasets writes its cache: not the input's fault
-                raise cause from None
-            raise
-    for column in ("title", "text"):
+        return _dataset_articles(source, title_column, text_column, id_column, passages)
+    paths = _source_paths(source)
+    if all(input_kind(path) == "jsonl" for path in paths):
+        return _jsonl_articles(paths, cache_dir, title_column, text_column, id_column, passages), ", ".join(paths)
+
+    def jsonl_loader(path: str):
+        return _jsonl_articles([path], cache_dir, title_column, text_column, id_column, passages)
+
+    return load_table_articles(
+        paths,
+        cache_dir,
+        title_column=title_column,
+        text_column=text_column,
+        id_column=id_column,
+        read_ids=passages,
+        config_name=input_name,
+        split=split,
+        jsonl_loader=jsonl_loader,
+    )
+
+
+def _dataset_articles(articles, title_column: str, text_column: str, id_column: str | None, passages: bool):
+    """A datasets.Dataset given in Python -> (its title/text[/passage_id] columns under the standard names, name)."""
+    from datasets import Value
+
+    name = articles.info.dataset_name or f"datasets.Dataset({len(articles)} rows)"
+    columns = {"title": title_column, "text": text_column}
+    if passages and (id_column is not None or ID_COLUMN in articles.column_names):
+        columns[PASSAGE_ID] = id_column or ID_COLUMN
+    for column in columns.values():
         if column not in articles.column_names:
             raise ValueError(f"{name} has no {column!r} field (fields: {', '.join(articles.column_names) or 'none'})")
+    articles = articles.select_columns(list(dict.fromkeys(columns.values())))
+    renamed = {column: standard for standard, column in columns.items() if column != standard}
+    if renamed:
+        articles = articles.rename_columns(renamed)
+    if passages and PASSAGE_ID not in articles.column_names:
+        articles = articles.add_column(PASSAGE_ID, [None] * len(articles), feature=Value("string"))
+    elif passages and articles.features[PASSAGE_ID] != Value("string"):
+        articles = articles.cast_column(PASSAGE_ID, Value("string"))
     return articles, name
+
+
+def _jsonl_articles(
+    paths: list[str], cache_dir: str, title_column: str, text_column: str, id_column: str | None, passages: bool
+):
+    """JSONL files -> Dataset with "title", "text" (and "passage_id" when passages); errors name the file and line."""
+    from datasets import Dataset, Features, Value
+
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"article file not found: {path}")
+    name = ", ".join(paths)
+    if all(next(iter_jsonl(path), None) is None for path in paths):
+        raise ValueError(f"{name} holds no articles (empty file)")
+    features = Features({"title": Value("string"), "text": Value("string")})
+    gen_kwargs = {"paths": paths, "title_column": title_column, "text_column": text_column}
+    if passages:
+        features[PASSAGE_ID] = Value("string")
+        gen_kwargs.update(id_column=id_column or ID_COLUMN, id_required=id_column is not None)
+    try:
+        return Dataset.from_generator(_article_rows, gen_kwargs=gen_kwargs, features=features, cache_dir=cache_dir)
+    except Exception as error:  # datasets wraps the generator's error in a generic one: report the line's
+        cause = error
+        while cause is not None and not isinstance(cause, (JsonlError, OSError)):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, JsonlError):
+            raise JsonlError(cause.path, cause.line, cause.problem) from None
+        if cause is not None:  # e.g. a full disk while datasets writes its cache: not the input's fault
+            raise cause from None
+        raise
 
 
 def _source_paths(source) -> list[str]:
@@ -586,9 +720,11 @@ def _corpus_folder_problem(output_dir: str) -> str | None:
     return None
 
 
-def _iter_records(blocks, batch_size: int = 4096) -> Iterator[tuple[str, str]]:
-    for batch in blocks.select_columns(["title", "text"]).iter(batch_size=batch_size):
-        yield from zip(batch["title"], batch["text"])
+def _iter_records(blocks, passage_ids: bool = False, batch_size: int = 4096) -> Iterator[tuple]:
+    """(title, text) of each block, (title, text, passage_id) with passage_ids."""
+    names = ["title", "text", PASSAGE_ID] if passage_ids else ["title", "text"]
+    for batch in blocks.select_columns(names).iter(batch_size=batch_size):
+        yield from zip(*(batch[name] for name in names))
 
 
 def _progress(iterable: Iterable, total: int, desc: str) -> Iterable:
@@ -611,12 +747,27 @@ def build_corpus(
     language: str = "en",
     progress: bool | None = None,
     deduplicate: bool = True,
+    *,
+    title_column: str = TITLE_COLUMN,
+    text_column: str = TEXT_COLUMN,
+    id_column: str | None = None,
+    passages_as_blocks: bool = False,
+    input_name: str | None = None,
+    split: str | None = None,
 ):
     """Build the knowledge corpus folder `output_dir` from articles; returns its blocks (`load_corpus(output_dir)`).
 
     source: a JSONL path (or list of paths), one {"title", "text"} object (strings) per line (other fields are ignored,
         blank lines skipped; a bad line is a JsonlError naming the file and line), or a
-        `datasets.Dataset` with "title" and "text" columns. Row i is article i (`article_id`).
+        `datasets.Dataset` with "title" and "text" columns. Row i is article i (`article_id`). Also Parquet and
+        CSV/TSV files, globs of them, folders written by datasets' save_to_disk, and a Hub dataset id
+        (input_name: its configuration, split: its split), read by datasets' loaders (tokenization/sources.py);
+        a bad row is a ValueError naming the file, the 1-based row and the column.
+    title_column, text_column: the columns (JSONL: fields) holding the title and the text.
+    passages_as_blocks: every input row is a passage already split (DPR's 100-word passages): it becomes one block,
+        cut at a word boundary where it exceeds max_block_length (counted: corpus_config.json's num_passages_cut),
+        and its id (id_column; None: the "id" column where there is one) is kept as the block's passage_id, in
+        blocks/ and in block_records.safetensors (what the retriever, `openrealm ask` and evaluate report).
     tokenizer: a tokenizers-backed BERT/REALM tokenizer, or a name/path for AutoTokenizer (a REALM checkpoint folder).
     max_block_length: wordpieces of `[CLS] title [SEP] body [SEP]` per block (Google: 288).
     num_proc: processes for `datasets.map` (blocks are identical for any value, and in input order).
@@ -646,25 +797,42 @@ def build_corpus(
         inputs.append(("the tokenizer", os.fspath(tokenizer)))  # a folder replacing would delete (not a Hub name)
     check_replaceable(output_dir, overwrite, _corpus_folder_problem, inputs)  # before any (long) work
     tokenizer, tokenizer_name = resolve_tokenizer(tokenizer)
-    builder = BlockBuilder(tokenizer, max_block_length, span_annotator, page_filter, html_unescape, language)
+    builder = BlockBuilder(
+        tokenizer,
+        max_block_length,
+        span_annotator,
+        page_filter,
+        html_unescape,
+        language,
+        passages=passages_as_blocks,
+    )
     try:
         with atomic_directory(output_dir, overwrite, _corpus_folder_problem, inputs=inputs) as staging:
             # datasets' cache files: inside the staging folder, removed below
             scratch = os.path.join(staging, ".scratch")
-            articles, builder.source_name = load_articles(source, scratch)
-            blocks = pack_articles(
+            articles, builder.source_name = load_articles(
+                source,
+                scratch,
+                title_column=title_column,
+                text_column=text_column,
+                id_column=id_column,
+                passages=passages_as_blocks,
+                input_name=input_name,
+                split=split,
+            )
+            blocks, num_cut = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
             blocks, num_duplicates = drop_duplicate_blocks(blocks, scratch, deduplicate)
             num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
             # Block ids are row numbers, known only once every process has packed its share.
             blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
-            blocks.select_columns(list(COLUMNS)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
+            blocks.select_columns(block_columns(passages_as_blocks)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
             num_input_articles, num_blocks = len(articles), len(blocks)
             del blocks, articles
             shutil.rmtree(scratch, ignore_errors=True)
             saved = load_from_disk(os.path.join(staging, BLOCKS_DIR))
-            _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved)
+            _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved, passages_as_blocks)
             tokenizer.save_pretrained(staging)
             config = {
                 "format": CORPUS_FORMAT,
@@ -681,6 +849,8 @@ def build_corpus(
                 "html_unescape": html_unescape,
                 "language": language,
                 "deduplicate": deduplicate,
+                "passages_as_blocks": passages_as_blocks,
+                "num_passages_cut": num_cut,
                 "num_duplicate_blocks": 0 if deduplicate else num_duplicates,
                 "num_duplicates_dropped": num_duplicates if deduplicate else 0,
                 "source": builder.source_name,
@@ -721,21 +891,25 @@ def pack_articles(
     batch_size: int = 256,
     first_id: int = 0,
     progress: bool | None = None,
-):
-    """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> their blocks (all COLUMNS but
-    block_id), in article order; datasets' cache files go to `scratch`. Refuses input that makes no block. progress:
-    show the "Packing articles into blocks" bar or not, whatever datasets' setting (None: follow it)."""
+) -> tuple[Any, int]:
+    """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> (their blocks (all COLUMNS but
+    block_id), in article order; the number of passages cut to fit a block (builder.passages; else 0)). With
+    builder.passages the articles also hold "passage_id", and so do the blocks. datasets' cache files go to
+    `scratch`. Refuses input that makes no block. progress: show the "Packing articles into blocks" bar or not,
+    whatever datasets' setting (None: follow it)."""
     from datasets import Value
 
-    features = block_features()
+    features = block_features(passages=builder.passages)
     del features["block_id"]
+    if builder.passages:
+        features["cut"] = Value("bool")
     with datasets_progress_bars(progress):
         blocks = articles.map(
             builder,
             batched=True,
             batch_size=batch_size,
             with_indices=True,
-            input_columns=["title", "text"],
+            input_columns=["title", "text", PASSAGE_ID] if builder.passages else ["title", "text"],
             remove_columns=articles.column_names,
             features=features,
             num_proc=num_proc if num_proc > 1 else None,
@@ -749,7 +923,13 @@ def pack_articles(
     if first_id:
         shifted = blocks.data.column("article_id").to_numpy() + first_id
         blocks = blocks.remove_columns("article_id").add_column("article_id", shifted, feature=Value("int64"))
-    return blocks
+    num_cut = 0
+    if builder.passages:
+        import pyarrow.compute as pc
+
+        num_cut = int(pc.sum(blocks.data.column("cut")).as_py() or 0)
+        blocks = blocks.remove_columns("cut")
+    return blocks, num_cut
 
 
 def read_removed_block_ids(directory: str | os.PathLike) -> np.ndarray:
@@ -784,9 +964,14 @@ def write_removed_block_ids(path: str | os.PathLike, ids: np.ndarray) -> None:
     save_file({"removed_ids": np.asarray(ids, dtype=np.int64)}, os.fspath(path))
 
 
-def _write_block_records(path: str, blocks) -> None:
-    records = _progress(_iter_records(blocks), len(blocks), "Writing block records")
-    BlockRecords.write(path, records, num_blocks_hint=len(blocks))
+def _write_block_records(path: str, blocks, passage_ids: bool = False) -> None:
+    records = _progress(_iter_records(blocks, passage_ids), len(blocks), "Writing block records")
+    BlockRecords.write(path, records, num_blocks_hint=len(blocks), passage_ids=passage_ids)
+
+
+def block_columns(passages: bool) -> list[str]:
+    """The columns of a corpus's blocks/ dataset: COLUMNS, and passage_id in a corpus of passages."""
+    return [*COLUMNS, PASSAGE_ID] if passages else list(COLUMNS)
 
 
 def _version(package: str) -> str:
@@ -969,6 +1154,8 @@ def run(args: argparse.Namespace) -> int:
         from openrealm.tokenization.salient_spans import make_span_annotator
 
         span_annotator = make_span_annotator(args.spans)  # picklable; loads its model lazily in each process
+    if args.id_column is not None and not args.passages_as_blocks:
+        raise ValueError("--id-column names the passage ids of --passages-as-blocks; pass both, or neither")
     blocks = build_corpus(  # errors: one line and the exit status from the command line (trainers/cli.py)
         args.input if len(args.input) > 1 else args.input[0],
         args.output,
@@ -981,16 +1168,38 @@ def run(args: argparse.Namespace) -> int:
         page_filter=not args.no_page_filter,
         progress=not args.quiet,
         deduplicate=args.deduplicate,
+        **input_arguments(args),
+        passages_as_blocks=args.passages_as_blocks,
     )
     config = read_corpus_config(args.output)
+    rows = "passages" if args.passages_as_blocks else "articles"
     print(
-        f"Wrote {len(blocks)} blocks from {config['num_articles']} articles to {os.path.abspath(args.output)}"
+        f"Wrote {len(blocks)} blocks from {config['num_articles']} {rows} to {os.path.abspath(args.output)}"
         + duplicates_note(config["num_duplicates_dropped"])
+        + passages_cut_note(config.get("num_passages_cut", 0), config["max_block_length"])
     )
     warning = duplicates_warning(config["num_duplicate_blocks"], len(blocks))
     if warning:
         print(f"openrealm corpus build: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def input_arguments(args: argparse.Namespace) -> dict:
+    """The keyword arguments of build_corpus / load_articles that the --input options give (options.input_options)."""
+    return dict(
+        title_column=args.title_column,
+        text_column=args.text_column,
+        id_column=args.id_column,
+        input_name=args.input_name,
+        split=args.split,
+    )
+
+
+def passages_cut_note(num_cut: int, max_block_length: int) -> str:
+    """The end of a corpus command's summary line when passages were cut to fit a block ("" when none)."""
+    if not num_cut:
+        return ""
+    return f" ({num_cut} passage(s) longer than {max_block_length} wordpieces with their title: cut to fit one block)"
 
 
 def duplicates_note(dropped: int) -> str:

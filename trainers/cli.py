@@ -206,8 +206,9 @@ def run_ask(args: argparse.Namespace) -> int:
         print(f"Q: {printable(question)}")
         for answer in answers:  # text of the corpus, which may come from anyone's Hub repo
             print(f"  A: {printable(answer['answer'])}  (score {answer['score']:.3f})")
+            passage = f" (passage {printable(answer['passage_id'])})" if answer.get("passage_id") is not None else ""
             print(
-                f"     block {answer['block_id']} [{printable(answer['title'])}] retrieval score "
+                f"     block {answer['block_id']}{passage} [{printable(answer['title'])}] retrieval score "
                 f"{answer['retrieval_score']:.3f}"
             )
             print(f"     {printable(answer['text'][:300])}")

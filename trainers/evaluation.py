@@ -285,6 +285,15 @@ def _predict_batch(model, rows: list[dict], num_read: int, num_retrieved: int, b
     return predictions
 
 
+def passage_ids_of(records, block_ids: list[int], predicted_block_id: int) -> dict:
+    """{"passage_ids": [of block_ids], "predicted_passage_id"} when the corpus stores passage ids (`corpus build
+    --passages-as-blocks`, e.g. DPR's), else {}: what a per-question prediction adds to name the passages read."""
+    if not getattr(records, "has_passage_ids", False):
+        return {}
+    passage_ids = records.passage_ids([*block_ids, predicted_block_id])
+    return {"passage_ids": passage_ids[:-1], "predicted_passage_id": passage_ids[-1]}
+
+
 def evaluate_open_qa(
     model,
     dataset,
@@ -301,7 +310,8 @@ def evaluate_open_qa(
     retrieved by its index, or by `block_searcher.search(questions, k) -> LongTensor [B, k]` (e.g. BM25).
     Returns percentages: exact_match (regex match for regex rows), recall@k (some top-k block holds an answer; k is
     capped at the corpus size, and "notes" then says so for each such k), reader_oracle (some read block holds an
-    answer); count, num_blocks, corpus_size, and predictions (question, prediction, answers, correct, block_ids read).
+    answer); count, num_blocks, corpus_size, and predictions (question, prediction, answers, correct, block_ids read;
+    with a corpus of passages, their passage_ids and predicted_passage_id).
     """
     rows = _rows(dataset)
     if not rows:
@@ -322,6 +332,7 @@ def evaluate_open_qa(
         for k in ks
         if k > corpus_size
     ]
+    records = model.retriever.block_records
     hits = {k: 0 for k in ks}
     oracle = correct_count = 0
     predictions = []
@@ -354,6 +365,7 @@ def evaluate_open_qa(
                             "correct": bool(correct),
                             "block_ids": result["block_ids"][:num_read],
                             "predicted_block_id": result["predicted_block_id"],
+                            **passage_ids_of(records, result["block_ids"][:num_read], result["predicted_block_id"]),
                         }
                     )
     finally:
