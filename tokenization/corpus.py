@@ -1028,7 +1028,11 @@ def load_corpus(directory: str | os.PathLike):
         blocks = load_from_disk(blocks_dir)
     except Exception as error:  # noqa: BLE001 - datasets raises several types for a damaged folder
         raise ValueError(f"cannot load the blocks dataset {blocks_dir}: {error}") from error
-    missing = [column for column in COLUMNS if column not in blocks.column_names]
+    missing = [
+        column
+        for column in block_columns(config.get("passages_as_blocks", False))
+        if column not in blocks.column_names
+    ]
     if missing:
         raise ValueError(f"{blocks_dir} lacks the column(s) {', '.join(missing)}")
     if len(blocks) != config["num_blocks"]:

@@ -5,7 +5,7 @@
     openrealm corpus build --input my_saved_dataset/ ...                 # a folder written by datasets' save_to_disk
     openrealm corpus build --input wikimedia/wikipedia --input-name 20231101.en --split train ...   # a Hub dataset
 
-Kinds of input (`input_kind`): a file ending in .parquet; .csv or .tsv (optionally .gz, .bz2, .xz, .zst); any other
+Kinds of input (`input_kind`): a file ending in .parquet; .csv or .tsv (optionally .gz, .bz2, .xz); any other
 file is JSONL (read by tokenization.corpus.iter_jsonl, as always); a folder written by `save_to_disk`; a glob of
 files; anything else shaped like `name` or `owner/name` that is not a local path is a Hub dataset id. Parquet and CSV
 are read by `datasets.load_dataset("parquet" | "csv")` into an Arrow file of the build's scratch folder (removed when
@@ -15,7 +15,9 @@ are, with no copy of their rows. CSV/TSV cells are read as text: no column is gu
 
 Each table is checked before any block is made: the title and text columns (and the id column when asked for) must
 be there (the error names the columns found) and hold strings, with no missing value (the error names the file and
-the 1-based row, header not counted).
+the 1-based row, header not counted). A CSV/TSV row must have as many cells as the header, and be UTF-8: pandas, which
+datasets reads CSV with, would fill a short row with empty strings and drop extra cells, so one pass of Python's csv
+module (the reader DPR's own code uses) checks every row first and names the file, row and line of a bad one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 # (id, url, title, text). The id column is read, when present, only for a corpus of passages (--passages-as-blocks).
 TITLE_COLUMN, TEXT_COLUMN, ID_COLUMN = "title", "text", "id"
 PASSAGE_ID = "passage_id"  # the name of the id column in the articles given to the block builder and in blocks/
-_COMPRESSIONS = ("", ".gz", ".bz2", ".xz", ".zst")
+_COMPRESSIONS = ("", ".gz", ".bz2", ".xz")
 TABLE_SUFFIXES = {
     **{f".parquet{c}": "parquet" for c in ("",)},
     **{f".csv{c}": "csv" for c in _COMPRESSIONS},
@@ -90,16 +92,23 @@ def expand_inputs(sources: Sequence[str]) -> list[tuple[str, str]]:
     return expanded
 
 
-def load_hub_dataset(name: str, split: str | None, config_name: str | None = None, splits: Sequence[str] = ()):
+def load_hub_dataset(
+    name: str,
+    split: str | None,
+    config_name: str | None = None,
+    splits: Sequence[str] = (),
+    local: str = "file/folder",
+):
     """`datasets.load_dataset(name, config_name, split=split)` as one Dataset: without split, the first of `splits`
-    the dataset has (or its only split). Errors say what was tried (offline, unknown name, ...)."""
+    the dataset has (or its only split). Errors say what was tried (offline, unknown name, ...; local: what a local
+    input would have been, for the message)."""
     import datasets
 
     try:
-        loaded = datasets.load_dataset(name, config_name, split=split)
+        loaded = datasets.load_dataset(*(name,) if config_name is None else (name, config_name), split=split)
     except Exception as error:  # noqa: BLE001 - offline, unknown name, ...: say what was tried
         raise FileNotFoundError(
-            f"{name!r} is neither a local file/folder nor a loadable Hub dataset ({type(error).__name__}: {error})"
+            f"{name!r} is neither a local {local} nor a loadable Hub dataset ({type(error).__name__}: {error})"
         ) from error
     return _one_split(loaded, f"Hub dataset {name!r}", split, splits)
 
@@ -160,6 +169,38 @@ def _read_table_file(path: str, kind: str, columns: list[str], cache_dir: str):
         if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
             raise cause from None  # e.g. a full disk while datasets writes its cache: not the input's fault
         raise ValueError(f"{path}: cannot read it as {kind.upper()}: {type(cause).__name__}: {cause}") from None
+
+
+def _open_text(path: str):
+    """A text stream of a CSV/TSV file, decompressed by its suffix (.gz, .bz2, .xz), strict UTF-8."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(Path(path).suffix.lower(), open)
+    return opener(path, "rt", encoding="utf-8", newline="")
+
+
+def check_csv_rows(path: str, kind: str) -> None:
+    """Every row of a CSV/TSV file has the header's number of cells and is UTF-8 text; a ValueError naming the file,
+    the 1-based row (header not counted) and its line otherwise. One streaming pass, constant memory."""
+    import csv
+
+    csv.field_size_limit(2**31 - 1)  # a passage may exceed the module's default 128 KiB per cell
+    with _open_text(path) as f:
+        reader = csv.reader(f, delimiter="\t" if kind == "tsv" else ",")
+        try:
+            header = next(reader, None)
+            for row_number, row in enumerate(reader, start=1):
+                if len(row) != len(header):
+                    raise ValueError(
+                        f"{path}, row {row_number} (line {reader.line_num}): {len(row)} cell(s), but the header has "
+                        f"{len(header)} ({', '.join(header)})"
+                    )
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not UTF-8 text after line {reader.line_num} ({error.reason})") from None
+        except csv.Error as error:
+            raise ValueError(f"{path}, line {reader.line_num}: {error}") from None
 
 
 def _columns_of(path: str, kind: str) -> dict[str, str]:
@@ -272,6 +313,8 @@ def load_table_articles(
         if read_ids and wanted["id"] in found:
             columns[PASSAGE_ID] = wanted["id"]
         names = list(dict.fromkeys(columns.values()))
+        if kind in ("csv", "tsv"):
+            check_csv_rows(path, kind)
         if kind not in ("folder", "hub"):
             dataset = _read_table_file(path, kind, names, cache_dir)
         dataset = dataset.select_columns(names)
