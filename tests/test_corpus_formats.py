@@ -107,6 +107,13 @@ def test_other_column_names_are_read_with_title_and_text_columns(tmp_path):
     assert titles_and_texts(blocks) == EXPECTED
 
 
+def test_a_hub_dataset_of_several_splits_gives_its_train_split_unless_told(tmp_path, monkeypatch):
+    splits = DatasetDict({"test": Dataset.from_list(ROWS[:1]), "train": Dataset.from_list(ROWS[1:])})
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split=None: splits if split is None else splits[split])
+    assert titles_and_texts(build("someone/corpus", tmp_path / "c1")) == EXPECTED[1:]
+    assert titles_and_texts(build("someone/corpus", tmp_path / "c2", split="test")) == EXPECTED[:1]
+
+
 def test_a_hub_id_is_loaded_with_its_configuration_and_split(tmp_path, monkeypatch):
     """No network: datasets.load_dataset is replaced, and the call it gets is checked."""
     calls = []
@@ -173,6 +180,21 @@ def test_corpus_add_to_a_corpus_of_passages_keeps_the_new_ids_beside_the_old(tmp
     assert summary["added_block_ids"] == [2, 3]
     assert load_corpus(tmp_path / "corpus")["passage_id"] == ["1", "2", "3"]
     assert RealmRetriever.from_pretrained(tmp_path / "corpus").block_records.passage_ids([0, 1, 2]) == ["1", "2", "3"]
+
+
+def test_corpus_add_and_update_read_parquet_with_other_column_names(tmp_path, capsys):
+    build(write_tsv(tmp_path / "psgs.tsv", ROWS[:2]), tmp_path / "corpus")
+    new = write_parquet(tmp_path / "new.parquet", [{"heading": "london", "body": BLOCK_TEXTS[2]}])
+    argv = ["--corpus", str(tmp_path / "corpus"), "--input", new, "--title-column", "heading", "--text-column", "body"]
+    assert main(["corpus", "add", *argv, "-q"]) == 0
+    changed = write_parquet(tmp_path / "changed.parquet", [{"heading": "london", "body": BLOCK_TEXTS[4]}])
+    argv[3] = changed
+    assert main(["corpus", "update", *argv, "-q"]) == 0
+    records = RealmRetriever.from_pretrained(tmp_path / "corpus").block_records
+    assert [records.record(i) for i in (2, 3)] == [
+        {"title": "london", "text": BLOCK_TEXTS[2]},
+        {"title": "london", "text": BLOCK_TEXTS[4]},
+    ]
 
 
 def test_evaluate_names_the_passage_ids_of_the_blocks_it_read(tmp_path):

@@ -78,11 +78,12 @@ def expand_inputs(sources: Sequence[str]) -> list[tuple[str, str]]:
     """(kind, path or name) of every input, globs expanded (sorted; a glob matching nothing is an error)."""
     expanded = []
     for source in sources:
+        source = os.path.expanduser(os.fspath(source))
         kind = input_kind(source)
         if kind != "glob":
             expanded.append((kind, source))
             continue
-        matches = sorted(glob.glob(os.path.expanduser(source), recursive=True))
+        matches = sorted(glob.glob(source, recursive=True))
         matches = [match for match in matches if os.path.isfile(match)]
         if not matches:
             raise FileNotFoundError(f"no file matches --input {source}")
