@@ -15,6 +15,7 @@ from datasets import Dataset, DatasetDict
 
 from openrealm import BlockRecords, RealmRetriever
 from openrealm.tokenization.corpus import build_corpus, load_corpus, read_corpus_config
+from openrealm.tokenization.sources import InputOptions
 from openrealm.trainers.cli import main
 from openrealm.trainers.corpus_edit import edit_corpus
 from openrealm.trainers.evaluation import evaluate_open_qa
@@ -84,7 +85,10 @@ def test_a_saved_dataset_dict_reads_the_split_asked_for_else_train(tmp_path):
         tmp_path / "saved"
     )
     assert titles_and_texts(build(str(tmp_path / "saved"), tmp_path / "c1")) == EXPECTED[:2]
-    assert titles_and_texts(build(str(tmp_path / "saved"), tmp_path / "c2", split="extra")) == EXPECTED[2:]
+    assert (
+        titles_and_texts(build(str(tmp_path / "saved"), tmp_path / "c2", input_options=InputOptions(split="extra")))
+        == EXPECTED[2:]
+    )
 
 
 def test_tsv_cells_stay_text_na_null_empty_numbers_and_quotes(tmp_path):
@@ -102,7 +106,7 @@ def test_tsv_cells_stay_text_na_null_empty_numbers_and_quotes(tmp_path):
 def test_other_column_names_are_read_with_title_and_text_columns(tmp_path):
     rows = [{"heading": row["title"], "body": row["text"]} for row in ROWS]
     blocks = build(
-        write_parquet(tmp_path / "a.parquet", rows), tmp_path / "c", title_column="heading", text_column="body"
+        write_parquet(tmp_path / "a.parquet", rows), tmp_path / "c", input_options=InputOptions("heading", "body")
     )
     assert titles_and_texts(blocks) == EXPECTED
 
@@ -111,7 +115,10 @@ def test_a_hub_dataset_of_several_splits_gives_its_train_split_unless_told(tmp_p
     splits = DatasetDict({"test": Dataset.from_list(ROWS[:1]), "train": Dataset.from_list(ROWS[1:])})
     monkeypatch.setattr(datasets, "load_dataset", lambda name, split=None: splits if split is None else splits[split])
     assert titles_and_texts(build("someone/corpus", tmp_path / "c1")) == EXPECTED[1:]
-    assert titles_and_texts(build("someone/corpus", tmp_path / "c2", split="test")) == EXPECTED[:1]
+    assert (
+        titles_and_texts(build("someone/corpus", tmp_path / "c2", input_options=InputOptions(split="test")))
+        == EXPECTED[:1]
+    )
 
 
 def test_a_hub_id_is_loaded_with_its_configuration_and_split(tmp_path, monkeypatch):
@@ -125,7 +132,9 @@ def test_a_hub_id_is_loaded_with_its_configuration_and_split(tmp_path, monkeypat
         )
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    blocks = build("wikimedia/wikipedia", tmp_path / "corpus", input_name="20231101.en", split="train")
+    blocks = build(
+        "wikimedia/wikipedia", tmp_path / "corpus", input_options=InputOptions(input_name="20231101.en", split="train")
+    )
     assert calls == [("wikimedia/wikipedia", "20231101.en", "train")]
     assert titles_and_texts(blocks) == EXPECTED
 

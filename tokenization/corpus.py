@@ -44,14 +44,7 @@ import torch
 
 from openrealm.block_records import BlockRecords
 from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
-from openrealm.tokenization.sources import (
-    ID_COLUMN,
-    PASSAGE_ID,
-    TEXT_COLUMN,
-    TITLE_COLUMN,
-    input_kind,
-    load_table_articles,
-)
+from openrealm.tokenization.sources import PASSAGE_ID, InputOptions, input_kind, load_table_articles
 
 CORPUS_FORMAT = "openrealm.corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -592,57 +585,35 @@ def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
     return tokenizer, getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
 
 
-def load_articles(
-    source,
-    cache_dir: str,
-    *,
-    title_column: str = TITLE_COLUMN,
-    text_column: str = TEXT_COLUMN,
-    id_column: str | None = None,
-    passages: bool = False,
-    input_name: str | None = None,
-    split: str | None = None,
-):
+def load_articles(source, cache_dir: str, options: InputOptions | None = None, passages: bool = False):
     """Articles -> (Dataset with "title" and "text", and "passage_id" when passages, name for messages).
 
     source: a datasets.Dataset, or an --input path or list of them: JSONL files, Parquet and CSV/TSV files, globs of
-    them, save_to_disk folders, a Hub dataset id (tokenization/sources.py; input_name, its configuration, and split
-    for the last two).
-    title_column, text_column: where the title and text are. passages: also read each row's passage id, from
-    id_column (every row must have it) or, when None, from an "id" column where there is one (else None).
+    them, save_to_disk folders, a Hub dataset id (tokenization/sources.py). options: the columns to read, a Hub
+    dataset's configuration and split (sources.InputOptions; default title, text). passages: also read each row's
+    passage id (options.id_column: every row must have it; None: an "id" column where there is one, else None).
     """
     from datasets import Dataset
 
+    options = options or InputOptions()
     if isinstance(source, Dataset):
-        return _dataset_articles(source, title_column, text_column, id_column, passages)
+        return _dataset_articles(source, options, passages)
     paths = _source_paths(source)
     if all(input_kind(path) == "jsonl" for path in paths):
-        return _jsonl_articles(paths, cache_dir, title_column, text_column, id_column, passages), ", ".join(paths)
+        return _jsonl_articles(paths, cache_dir, options, passages), ", ".join(paths)
 
     def jsonl_loader(path: str):
-        return _jsonl_articles([path], cache_dir, title_column, text_column, id_column, passages)
+        return _jsonl_articles([path], cache_dir, options, passages)
 
-    return load_table_articles(
-        paths,
-        cache_dir,
-        title_column=title_column,
-        text_column=text_column,
-        id_column=id_column,
-        read_ids=passages,
-        config_name=input_name,
-        split=split,
-        jsonl_loader=jsonl_loader,
-    )
+    return load_table_articles(paths, cache_dir, options, read_ids=passages, jsonl_loader=jsonl_loader)
 
 
-def _dataset_articles(articles, title_column: str, text_column: str, id_column: str | None, passages: bool):
+def _dataset_articles(articles, options: InputOptions, passages: bool):
     """A datasets.Dataset given in Python -> (its title/text[/passage_id] columns under the standard names, name)."""
     from datasets import Value
 
     name = articles.info.dataset_name or f"datasets.Dataset({len(articles)} rows)"
-    columns = {"title": title_column, "text": text_column}
-    if passages and (id_column is not None or ID_COLUMN in articles.column_names):
-        columns[PASSAGE_ID] = id_column or ID_COLUMN
+    columns = options.columns(passages, articles.column_names)
     for column in columns.values():
         if column not in articles.column_names:
             raise ValueError(f"{name} has no {column!r} field (fields: {', '.join(articles.column_names) or 'none'})")
@@ -657,9 +628,7 @@ def _dataset_articles(articles, title_column: str, text_column: str, id_column: 
     return articles, name
 
 
-def _jsonl_articles(
-    paths: list[str], cache_dir: str, title_column: str, text_column: str, id_column: str | None, passages: bool
-):
+def _jsonl_articles(paths: list[str], cache_dir: str, options: InputOptions, passages: bool):
     """JSONL files -> Dataset with "title", "text" (and "passage_id" when passages); errors name the file and line."""
     from datasets import Dataset, Features, Value
 
@@ -670,10 +639,10 @@ def _jsonl_articles(
     if all(next(iter_jsonl(path), None) is None for path in paths):
         raise ValueError(f"{name} holds no articles (empty file)")
     features = Features({"title": Value("string"), "text": Value("string")})
-    gen_kwargs = {"paths": paths, "title_column": title_column, "text_column": text_column}
+    gen_kwargs = {"paths": paths, "title_column": options.title_column, "text_column": options.text_column}
     if passages:
         features[PASSAGE_ID] = Value("string")
-        gen_kwargs.update(id_column=id_column or ID_COLUMN, id_required=id_column is not None)
+        gen_kwargs.update(id_column=options.columns(True)[PASSAGE_ID], id_required=options.id_column is not None)
     try:
         return Dataset.from_generator(_article_rows, gen_kwargs=gen_kwargs, features=features, cache_dir=cache_dir)
     except Exception as error:  # datasets wraps the generator's error in a generic one: report the line's
@@ -748,26 +717,24 @@ def build_corpus(
     progress: bool | None = None,
     deduplicate: bool = True,
     *,
-    title_column: str = TITLE_COLUMN,
-    text_column: str = TEXT_COLUMN,
-    id_column: str | None = None,
+    input_options: InputOptions | None = None,
     passages_as_blocks: bool = False,
-    input_name: str | None = None,
-    split: str | None = None,
 ):
     """Build the knowledge corpus folder `output_dir` from articles; returns its blocks (`load_corpus(output_dir)`).
 
     source: a JSONL path (or list of paths), one {"title", "text"} object (strings) per line (other fields are ignored,
         blank lines skipped; a bad line is a JsonlError naming the file and line), or a
         `datasets.Dataset` with "title" and "text" columns. Row i is article i (`article_id`). Also Parquet and
-        CSV/TSV files, globs of them, folders written by datasets' save_to_disk, and a Hub dataset id
-        (input_name: its configuration, split: its split), read by datasets' loaders (tokenization/sources.py);
-        a bad row is a ValueError naming the file, the 1-based row and the column.
-    title_column, text_column: the columns (JSONL: fields) holding the title and the text.
+        CSV/TSV files, globs of them, folders written by datasets' save_to_disk, and a Hub dataset id, read by
+        datasets' loaders (tokenization/sources.py); a bad row is a ValueError naming the file, the 1-based row and
+        the column.
+    input_options: the title, text and id columns (JSONL: fields) to read, a Hub dataset's configuration and split
+        (sources.InputOptions; default: title, text, and id where there is one).
     passages_as_blocks: every input row is a passage already split (DPR's 100-word passages): it becomes one block,
         cut at a word boundary where it exceeds max_block_length (counted: corpus_config.json's num_passages_cut),
-        and its id (id_column; None: the "id" column where there is one) is kept as the block's passage_id, in
-        blocks/ and in block_records.safetensors (what the retriever, `openrealm ask` and evaluate report).
+        and its id (input_options.id_column, else the "id" column where there is one) is kept as the block's
+        passage_id, in blocks/ and in block_records.safetensors (what the retriever, `openrealm ask` and evaluate
+        report).
     tokenizer: a tokenizers-backed BERT/REALM tokenizer, or a name/path for AutoTokenizer (a REALM checkpoint folder).
     max_block_length: wordpieces of `[CLS] title [SEP] body [SEP]` per block (Google: 288).
     num_proc: processes for `datasets.map` (blocks are identical for any value, and in input order).
@@ -810,16 +777,7 @@ def build_corpus(
         with atomic_directory(output_dir, overwrite, _corpus_folder_problem, inputs=inputs) as staging:
             # datasets' cache files: inside the staging folder, removed below
             scratch = os.path.join(staging, ".scratch")
-            articles, builder.source_name = load_articles(
-                source,
-                scratch,
-                title_column=title_column,
-                text_column=text_column,
-                id_column=id_column,
-                passages=passages_as_blocks,
-                input_name=input_name,
-                split=split,
-            )
+            articles, builder.source_name = load_articles(source, scratch, input_options, passages_as_blocks)
             blocks, num_cut = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
@@ -1172,7 +1130,7 @@ def run(args: argparse.Namespace) -> int:
         page_filter=not args.no_page_filter,
         progress=not args.quiet,
         deduplicate=args.deduplicate,
-        **input_arguments(args),
+        input_options=input_options_of(args),
         passages_as_blocks=args.passages_as_blocks,
     )
     config = read_corpus_config(args.output)
@@ -1188,15 +1146,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def input_arguments(args: argparse.Namespace) -> dict:
-    """The keyword arguments of build_corpus / load_articles that the --input options give (options.input_options)."""
-    return dict(
-        title_column=args.title_column,
-        text_column=args.text_column,
-        id_column=args.id_column,
-        input_name=args.input_name,
-        split=args.split,
-    )
+def input_options_of(args: argparse.Namespace) -> InputOptions:
+    """How to read --input, from the options that trainers/options.input_options adds."""
+    return InputOptions(args.title_column, args.text_column, args.id_column, args.input_name, args.split)
 
 
 def passages_cut_note(num_cut: int, max_block_length: int) -> str:

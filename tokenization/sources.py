@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 # The columns read by default: those of DPR's psgs_w100.tsv (id, text, title) and of the Hub's wikimedia/wikipedia
@@ -37,6 +38,32 @@ TABLE_SUFFIXES = {
     **{f".csv{c}": "csv" for c in _COMPRESSIONS},
     **{f".tsv{c}": "tsv" for c in _COMPRESSIONS},
 }
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """How to read an --input (the options of corpus build / add / update, trainers/options.input_options).
+
+    title_column, text_column: the columns (JSONL: fields) of the title and the text. id_column: of the passage ids,
+    read for a corpus of passages only (--passages-as-blocks): None reads "id" where a source has it, a name requires
+    it in every source. input_name, split: the configuration and split of a Hub dataset (`load_dataset(name,
+    input_name, split=split)`) or the split of a saved DatasetDict; without split, "train" or the only one."""
+
+    title_column: str = TITLE_COLUMN
+    text_column: str = TEXT_COLUMN
+    id_column: str | None = None
+    input_name: str | None = None
+    split: str | None = None
+
+    def columns(self, read_ids: bool, found: Sequence[str] | None = None) -> dict[str, str]:
+        """{standard name: column} to read: title, text and, with read_ids, passage_id where there is one (the
+        id_column, else "id" when it is among `found`; found None: a source whose columns are not known ahead)."""
+        columns = {"title": self.title_column, "text": self.text_column}
+        if read_ids and (self.id_column is not None or found is None or ID_COLUMN in found):
+            columns[PASSAGE_ID] = self.id_column or ID_COLUMN
+        return columns
+
+
 # Splits tried, in order, when a dataset with several splits is named without one (a corpus: train first).
 CORPUS_SPLITS = ("train",)
 _GLOB_CHARACTERS = frozenset("*?[")
@@ -273,46 +300,38 @@ def _feature_types(dataset) -> dict[str, str]:
 def load_table_articles(
     sources: Sequence[str],
     cache_dir: str,
-    *,
-    title_column: str = TITLE_COLUMN,
-    text_column: str = TEXT_COLUMN,
-    id_column: str | None = None,
+    options: InputOptions,
     read_ids: bool = False,
-    config_name: str | None = None,
-    split: str | None = None,
     jsonl_loader=None,
 ):
     """The articles of the --input sources as one Dataset with "title", "text" and, with read_ids, "passage_id"
-    (strings; None where a source has no ids) -> (dataset, name for messages).
-
-    id_column: the column of passage ids (read_ids only): None reads "id" where a source has it, a name requires it.
-    config_name, split: of a Hub dataset (`load_dataset(name, config_name, split=split)`) or a DatasetDict folder;
-    without split, "train" or the only split. jsonl_loader(path) -> Dataset reads a JSONL file among the sources
-    (tokenization.corpus's reader, with the same columns). Rows keep the order of the sources, each in its own order:
-    row i is article i.
+    (strings; None where a source has no ids) -> (dataset, name for messages). options: which columns, which Hub
+    configuration and split. jsonl_loader(path) -> Dataset reads a JSONL file among the sources
+    (tokenization.corpus's reader, with the same options). Rows keep the order of the sources, each in its own
+    order: row i is article i.
     """
     import pyarrow as pa
     from datasets import Value, concatenate_datasets
 
-    wanted = {"title": title_column, "text": text_column, "id": (id_column or ID_COLUMN) if read_ids else None}
-    id_required = read_ids and id_column is not None
+    wanted = {"title": options.title_column, "text": options.text_column}
+    wanted["id"] = (options.id_column or ID_COLUMN) if read_ids else None
+    id_required = read_ids and options.id_column is not None
     parts = []
     for kind, path in expand_inputs(sources):
         if kind == "jsonl":
             parts.append(jsonl_loader(path))
             continue
         if kind == "folder":
-            dataset, where = _load_folder(path, split), path
+            dataset, where = _load_folder(path, options.split), path
             found = _feature_types(dataset)
         elif kind == "hub":
-            dataset, where = load_hub_dataset(path, split, config_name, CORPUS_SPLITS), f"Hub dataset {path!r}"
+            dataset = load_hub_dataset(path, options.split, options.input_name, CORPUS_SPLITS)
+            where = f"Hub dataset {path!r}"
             found = _feature_types(dataset)
         else:
             found, where = _columns_of(path, kind), path
         _check_columns(found, where, wanted, id_required)
-        columns = {"title": title_column, "text": text_column}
-        if read_ids and wanted["id"] in found:
-            columns[PASSAGE_ID] = wanted["id"]
+        columns = options.columns(read_ids, found)
         names = list(dict.fromkeys(columns.values()))
         if kind in ("csv", "tsv"):
             check_csv_rows(path, kind)
@@ -338,6 +357,7 @@ def load_table_articles(
 __all__ = [
     "CORPUS_SPLITS",
     "ID_COLUMN",
+    "InputOptions",
     "PASSAGE_ID",
     "TEXT_COLUMN",
     "TITLE_COLUMN",

@@ -54,7 +54,7 @@ from openrealm.tokenization.corpus import (
     drop_duplicate_blocks,
     duplicates_note,
     duplicates_warning,
-    input_arguments,
+    input_options_of,
     load_articles,
     load_corpus,
     pack_articles,
@@ -63,7 +63,7 @@ from openrealm.tokenization.corpus import (
     read_removed_block_ids,
     write_removed_block_ids,
 )
-from openrealm.tokenization.sources import PASSAGE_ID
+from openrealm.tokenization.sources import PASSAGE_ID, InputOptions
 from openrealm.trainers.index_builder import embed_blocks
 from openrealm.trainers.towers import load_embedder
 
@@ -97,12 +97,12 @@ def edit_corpus(
     num_proc: int = 1,
     progress: bool = True,
     deduplicate: bool | None = None,
-    input_options: dict | None = None,
+    input_options: InputOptions | None = None,
 ) -> dict:
     """Write the next version of `folder` with the articles of `add` (what corpus build reads: JSONL, Parquet, CSV/TSV
     files or globs, a save_to_disk folder, a Hub dataset id, or a datasets.Dataset with "title", "text"; how to read
-    it: input_options, load_articles's title_column, text_column, id_column, input_name, split) added as new blocks, and the blocks of `remove_titles` / `remove_ids` removed; with `replace`,
-    the live blocks of the added articles' titles are removed first (an update). Returns a summary: version,
+    it: input_options, tokenization.sources.InputOptions) added as new blocks, and the blocks of `remove_titles` /
+    `remove_ids` removed; with `replace`, the live blocks of the added articles' titles are removed first (an update). Returns a summary: version,
     added_block_ids [first, stop), removed_block_ids, num_blocks, num_searchable, needs_rebuild.
 
     embedder: for an index without an embedder snapshot (a RealmEmbedder or a checkpoint for towers.load_embedder);
@@ -136,12 +136,12 @@ def edit_corpus(
                 if is_corpus
                 else (retriever.block_records.has_passage_ids)
             )
-            if (input_options or {}).get("id_column") is not None and not passages:
+            if input_options is not None and input_options.id_column is not None and not passages:
                 raise ValueError(
                     f"--id-column names passage ids, but {folder} is not a corpus of passages (corpus build "
                     "--passages-as-blocks)"
                 )
-            articles, source_name = load_articles(add, scratch, passages=passages, **(input_options or {}))
+            articles, source_name = load_articles(add, scratch, input_options, passages)
             titles = sorted(set(articles["title"]))
             existing = retriever.block_ids_of_titles(titles, exclude=removed_before)
             if existing and not replace:
@@ -341,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             progress=not args.quiet,
             deduplicate=args.deduplicate,
-            input_options=input_arguments(args),
+            input_options=input_options_of(args),
         )
     else:
         kwargs = dict(remove_titles=args.titles or (), remove_ids=args.ids or ())
