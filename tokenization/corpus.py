@@ -16,6 +16,10 @@ temporary sibling, then renamed) holds:
     block_records.safetensors   the same titles and texts as openrealm.BlockRecords (what RealmRetriever serves)
     tokenizer files             so that AutoTokenizer / RealmRetriever.from_pretrained(folder) load it
 
+Articles come from JSONL, Parquet, CSV/TSV, save_to_disk folders or the Hub (tokenization/sources.py). With
+passages_as_blocks each input row (a passage already split, e.g. DPR's psgs_w100.tsv) is one block instead, cut where
+it is too long, and its id is kept: column passage_id of blocks/ and the passage ids of block_records.safetensors.
+
 Departures from Google's code (each explained where it happens): sentencex instead of NLTK punkt; over-long
 sentences are split at word boundaries instead of becoming over-long blocks; a title that leaves no room for the
 body still gets a budget of 1 wordpiece; sentences without wordpieces are dropped; blocks are in input order
@@ -122,15 +126,71 @@ def duplicate_rows(uids) -> np.ndarray:
     A duplicate block has the same title and the same text as an earlier block (its document uid, SHA-1 of
     `title <sep> text`): the key Google's example generator compares, dropping every pre-training example whose K
     candidates hold two blocks of one uid (spec §3.4). uids: strings, a pyarrow Array or a ChunkedArray (a corpus's
-    `blocks.with_format("arrow")["uid"]`: counted in Arrow, no Python string per row)."""
+    `blocks.with_format("arrow")["uid"]`: counted in Arrow, no Python string per row).
+
+    Memory: hex SHA-1 uids (document_uid's) are compared by their first 64 bits first (8 bytes a row, sorted in
+    numpy: about 26 bytes a row at the peak, against some 400 for hashing the strings), and only the rows whose 64
+    bits repeat are compared whole, so that a 21M-block corpus is deduplicated in well under a gigabyte."""
     import pyarrow as pa
 
     column = uids if isinstance(uids, (pa.Array, pa.ChunkedArray)) else pa.array(list(uids), type=pa.string())
-    rows = pa.array(np.arange(len(column), dtype=np.int64))
-    first = pa.table({"uid": column, "row": rows}).group_by("uid").aggregate([("row", "min")])["row_min"]
-    duplicate = np.ones(len(column), dtype=bool)
-    duplicate[first.to_numpy()] = False
-    return np.flatnonzero(duplicate).astype(np.int64)
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    keys = [_sha1_prefixes(chunk) for chunk in chunks]
+    if any(key is None for key in keys):  # not all hex SHA-1 uids: compare the strings
+        return _first_occurrence_duplicates(column, np.arange(len(column), dtype=np.int64))
+    keys = np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]  # sorted: equal prefixes are neighbours
+    repeated = np.flatnonzero(keys[1:] == keys[:-1])
+    del keys
+    if not len(repeated):
+        return np.zeros(0, dtype=np.int64)
+    candidates = np.unique(np.concatenate([order[repeated], order[repeated + 1]])).astype(np.int64)
+    del order
+    return _first_occurrence_duplicates(column.take(pa.array(candidates)), candidates)
+
+
+def _first_occurrence_duplicates(uids, rows: np.ndarray) -> np.ndarray:
+    """rows[i] for each uids[i] equal to an earlier uids[j] (rows ascending): exact string comparison in Arrow."""
+    import pyarrow as pa
+
+    first = pa.table({"uid": uids, "row": pa.array(rows)}).group_by("uid").aggregate([("row", "min")])["row_min"]
+    return np.setdiff1d(rows, first.to_numpy()).astype(np.int64)
+
+
+_HEX_VALUES = np.zeros(256, dtype=np.uint8)
+_HEX_VALUES[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def _sha1_prefixes(chunk) -> np.ndarray | None:
+    """The first 64 bits [n] (uint64) of a string Array of 40-character lowercase hex uids, read from its value
+    buffer without a Python string per row; None when a value is null or not 40 hex characters."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(chunk) == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if chunk.null_count or not pa.types.is_string(chunk.type):
+        return None
+    offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32)[chunk.offset : chunk.offset + len(chunk) + 1]
+    if (np.diff(offsets) != 40).any() or not pc.all(pc.match_substring_regex(chunk, "^[0-9a-f]{40}$")).as_py():
+        return None
+    text = np.frombuffer(chunk.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(-1, 40)
+    nibbles = _HEX_VALUES[text[:, :16]]
+    packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
+    return packed.view(">u8").reshape(-1).astype(np.uint64)
+
+
+def count_distinct_in_order(column) -> int:
+    """How many distinct values a non-decreasing int column (a ChunkedArray, e.g. blocks' article_id) holds: one plus
+    the number of increases, counted chunk by chunk (no copy of the whole column)."""
+    count, last = 0, None
+    for chunk in column.chunks:
+        values = chunk.to_numpy()
+        if len(values):
+            count += int((values[1:] != values[:-1]).sum()) + int(last is None or values[0] != last)
+            last = values[-1]
+    return count
 
 
 def count_duplicate_blocks(uids, removed_ids=()) -> int:
@@ -151,7 +211,9 @@ def drop_duplicate_blocks(blocks, scratch: str, drop: bool = True):
     indices mapping (what pack_articles returns)."""
     duplicates = duplicate_rows(blocks.data.column("uid"))
     if drop and len(duplicates):
-        keep = np.setdiff1d(np.arange(len(blocks), dtype=np.int64), duplicates)
+        keep = np.ones(len(blocks), dtype=bool)
+        keep[duplicates] = False
+        keep = np.flatnonzero(keep)
         blocks = blocks.select(keep).flatten_indices(  # an inner step: its bar shows with --verbose only
             cache_file_name=os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}.arrow"),
             new_fingerprint=uuid.uuid4().hex,
@@ -782,7 +844,7 @@ def build_corpus(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
             blocks, num_duplicates = drop_duplicate_blocks(blocks, scratch, deduplicate)
-            num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
+            num_articles = count_distinct_in_order(blocks.data.column("article_id"))
             # Block ids are row numbers, known only once every process has packed its share.
             blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
             blocks.select_columns(block_columns(passages_as_blocks)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
