@@ -177,6 +177,17 @@ def test_integer_ids_of_a_parquet_file_are_kept_as_strings(tmp_path):
     assert blocks["passage_id"] == ["1", "2", "3"]
 
 
+def test_passages_without_an_id_column_make_blocks_without_passage_ids(tmp_path):
+    rows = [{"title": row["title"], "text": row["text"]} for row in ROWS]
+    for name, source in (
+        ("parquet", write_parquet(tmp_path / "a.parquet", rows)),
+        ("dataset", Dataset.from_list(rows)),
+    ):
+        blocks = build(source, tmp_path / name, passages_as_blocks=True)
+        assert blocks["passage_id"] == [None, None, None], name
+        assert RealmRetriever.from_pretrained(tmp_path / name).block_records.passage_ids([0, 2]) == [None, None]
+
+
 def test_without_passages_as_blocks_articles_are_packed_and_no_id_is_kept(tmp_path):
     blocks = build(write_tsv(tmp_path / "psgs.tsv", ROWS), tmp_path / "corpus")
     assert "passage_id" not in blocks.column_names

@@ -48,7 +48,13 @@ import torch
 
 from openrealm.block_records import BlockRecords
 from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
-from openrealm.tokenization.sources import PASSAGE_ID, InputOptions, input_kind, load_table_articles
+from openrealm.tokenization.sources import (
+    PASSAGE_ID,
+    InputOptions,
+    input_kind,
+    load_table_articles,
+    standard_columns,
+)
 
 CORPUS_FORMAT = "openrealm.corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -672,22 +678,12 @@ def load_articles(source, cache_dir: str, options: InputOptions | None = None, p
 
 def _dataset_articles(articles, options: InputOptions, passages: bool):
     """A datasets.Dataset given in Python -> (its title/text[/passage_id] columns under the standard names, name)."""
-    from datasets import Value
-
     name = articles.info.dataset_name or f"datasets.Dataset({len(articles)} rows)"
     columns = options.columns(passages, articles.column_names)
     for column in columns.values():
         if column not in articles.column_names:
             raise ValueError(f"{name} has no {column!r} field (fields: {', '.join(articles.column_names) or 'none'})")
-    articles = articles.select_columns(list(dict.fromkeys(columns.values())))
-    renamed = {column: standard for standard, column in columns.items() if column != standard}
-    if renamed:
-        articles = articles.rename_columns(renamed)
-    if passages and PASSAGE_ID not in articles.column_names:
-        articles = articles.add_column(PASSAGE_ID, [None] * len(articles), feature=Value("string"))
-    elif passages and articles.features[PASSAGE_ID] != Value("string"):
-        articles = articles.cast_column(PASSAGE_ID, Value("string"))
-    return articles, name
+    return standard_columns(articles, columns, passages), name
 
 
 def _jsonl_articles(paths: list[str], cache_dir: str, options: InputOptions, passages: bool):

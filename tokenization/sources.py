@@ -297,6 +297,24 @@ def _feature_types(dataset) -> dict[str, str]:
     }
 
 
+def standard_columns(dataset, columns: dict[str, str], read_ids: bool):
+    """dataset's `columns` ({standard name: column}, InputOptions.columns) alone, under the standard names; with
+    read_ids, "passage_id" as strings (integer ids cast; None for a source without ids, so that sources concatenate).
+    Selecting and renaming columns of a memory-mapped dataset copies no row."""
+    import pyarrow as pa
+    from datasets import Value
+
+    dataset = dataset.select_columns(list(dict.fromkeys(columns.values())))
+    renamed = {column: standard for standard, column in columns.items() if column != standard}
+    if renamed:
+        dataset = dataset.rename_columns(renamed)
+    if read_ids and PASSAGE_ID not in dataset.column_names:
+        dataset = dataset.add_column(PASSAGE_ID, pa.nulls(len(dataset), pa.string()), feature=Value("string"))
+    if read_ids and dataset.features[PASSAGE_ID] != Value("string"):
+        dataset = dataset.cast_column(PASSAGE_ID, Value("string"))  # integer ids, e.g. a Parquet int64 column
+    return dataset
+
+
 def load_table_articles(
     sources: Sequence[str],
     cache_dir: str,
@@ -310,8 +328,7 @@ def load_table_articles(
     (tokenization.corpus's reader, with the same options). Rows keep the order of the sources, each in its own
     order: row i is article i.
     """
-    import pyarrow as pa
-    from datasets import Value, concatenate_datasets
+    from datasets import concatenate_datasets
 
     wanted = {"title": options.title_column, "text": options.text_column}
     wanted["id"] = (options.id_column or ID_COLUMN) if read_ids else None
@@ -337,15 +354,8 @@ def load_table_articles(
             check_csv_rows(path, kind)
         if kind not in ("folder", "hub"):
             dataset = _read_table_file(path, kind, names, cache_dir)
-        dataset = dataset.select_columns(names)
-        renamed = {column: standard for standard, column in columns.items() if column != standard}
-        if renamed:
-            dataset = dataset.rename_columns(renamed)
+        dataset = standard_columns(dataset, columns, read_ids)
         _check_no_missing(dataset.data, where, columns)
-        if read_ids and PASSAGE_ID not in dataset.column_names:  # a table without ids: None, so that parts concatenate
-            dataset = dataset.add_column(PASSAGE_ID, pa.nulls(len(dataset), pa.string()))
-        if read_ids and dataset.features[PASSAGE_ID] != Value("string"):
-            dataset = dataset.cast_column(PASSAGE_ID, Value("string"))  # integer ids, e.g. a Parquet int64 column
         parts.append(dataset)
     name = ", ".join(os.fspath(source) for source in sources)
     articles = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
@@ -366,5 +376,6 @@ __all__ = [
     "is_hub_name",
     "load_hub_dataset",
     "load_table_articles",
+    "standard_columns",
     "table_suffix",
 ]
