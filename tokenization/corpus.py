@@ -134,25 +134,31 @@ def duplicate_rows(uids) -> np.ndarray:
     candidates hold two blocks of one uid (spec §3.4). uids: strings, a pyarrow Array or a ChunkedArray (a corpus's
     `blocks.with_format("arrow")["uid"]`: counted in Arrow, no Python string per row).
 
-    Memory: hex SHA-1 uids (document_uid's) are compared by their first 64 bits first (8 bytes a row, sorted in
-    numpy: about 26 bytes a row at the peak, against some 400 for hashing the strings), and only the rows whose 64
-    bits repeat are compared whole, so that a 21M-block corpus is deduplicated in well under a gigabyte."""
+    Memory: hex SHA-1 uids (document_uid's) are compared by their first 64 bits first (8 bytes a row, sorted in place
+    in numpy, against some 400 bytes a row for hashing the strings in Arrow), and only the rows whose 64 bits repeat
+    are compared whole: a 21M-block corpus is deduplicated in some 200 MB."""
     import pyarrow as pa
 
     column = uids if isinstance(uids, (pa.Array, pa.ChunkedArray)) else pa.array(list(uids), type=pa.string())
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    keys = [_sha1_prefixes(chunk) for chunk in chunks]
-    if any(key is None for key in keys):  # not all hex SHA-1 uids: compare the strings
-        return _first_occurrence_duplicates(column, np.arange(len(column), dtype=np.int64))
-    keys = np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
-    order = np.argsort(keys, kind="stable")
-    keys = keys[order]  # sorted: equal prefixes are neighbours
-    repeated = np.flatnonzero(keys[1:] == keys[:-1])
+    keys, start = np.empty(len(column), dtype=np.uint64), 0
+    for chunk in chunks:  # filled chunk by chunk: 8 bytes a row, no second copy
+        prefixes = _sha1_prefixes(chunk)
+        if prefixes is None:  # not all hex SHA-1 uids: compare the strings
+            del keys
+            return _first_occurrence_duplicates(column, np.arange(len(column), dtype=np.int64))
+        keys[start : start + len(chunk)] = prefixes
+        start += len(chunk)
+    keys.sort()  # in place
+    repeated = np.unique(keys[1:][keys[1:] == keys[:-1]])  # prefixes held by more than one row (few)
     del keys
     if not len(repeated):
         return np.zeros(0, dtype=np.int64)
-    candidates = np.unique(np.concatenate([order[repeated], order[repeated + 1]])).astype(np.int64)
-    del order
+    candidates, start = [], 0
+    for chunk in chunks:  # the rows whose prefix repeats: their uids are compared whole
+        candidates.append(start + np.flatnonzero(np.isin(_sha1_prefixes(chunk), repeated)))
+        start += len(chunk)
+    candidates = np.concatenate(candidates).astype(np.int64)
     return _first_occurrence_duplicates(column.take(pa.array(candidates)), candidates)
 
 

@@ -102,8 +102,9 @@ def edit_corpus(
     """Write the next version of `folder` with the articles of `add` (what corpus build reads: JSONL, Parquet, CSV/TSV
     files or globs, a save_to_disk folder, a Hub dataset id, or a datasets.Dataset with "title", "text"; how to read
     it: input_options, tokenization.sources.InputOptions) added as new blocks, and the blocks of `remove_titles` /
-    `remove_ids` removed; with `replace`, the live blocks of the added articles' titles are removed first (an update). Returns a summary: version,
-    added_block_ids [first, stop), removed_block_ids, num_blocks, num_searchable, needs_rebuild.
+    `remove_ids` removed; with `replace`, the live blocks of the added articles' titles are removed first (an
+    update). Returns a summary: version, added_block_ids [first, stop), removed_block_ids, num_blocks, num_searchable,
+    needs_rebuild.
 
     embedder: for an index without an embedder snapshot (a RealmEmbedder or a checkpoint for towers.load_embedder);
     span_annotator: salient spans of the new blocks in a corpus folder (as corpus build's).
@@ -131,11 +132,10 @@ def edit_corpus(
         if add is not None:
             scratch = os.path.join(staging, ".scratch")
             # A corpus of passages (corpus build --passages-as-blocks) takes passages, one block each, with their ids.
-            passages = (
-                (config or {}).get("passages_as_blocks", False)
-                if is_corpus
-                else (retriever.block_records.has_passage_ids)
-            )
+            if is_corpus:
+                passages = config.get("passages_as_blocks", False)
+            else:  # a model folder: as the corpus its records were copied from
+                passages = retriever.block_records.has_passage_ids
             if input_options is not None and input_options.id_column is not None and not passages:
                 raise ValueError(
                     f"--id-column names passage ids, but {folder} is not a corpus of passages (corpus build "
