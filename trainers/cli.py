@@ -5,6 +5,7 @@ openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overw
 openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
 openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
 openrealm corpus build --input FILE.jsonl --output DIR [--spans spacy|regex|MODEL]      # knowledge corpus
+openrealm corpus build --input psgs_w100.tsv --output DIR --passages-as-blocks         # also Parquet, datasets, Hub
 openrealm corpus add|update --corpus DIR --input FILE.jsonl                             # new version: blocks added
 openrealm corpus remove --corpus DIR --titles TITLE ... | --ids ID ...                  # never retrieved again
 openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N                # ICT warm start
@@ -46,7 +47,7 @@ JOBS = {
     ),
     ("corpus", "build"): (
         "openrealm.tokenization.corpus",
-        "build a knowledge corpus of blocks from JSONL articles",
+        "build a knowledge corpus of blocks from articles or passages (JSONL, Parquet, CSV/TSV, datasets, the Hub)",
         "corpus_build",
     ),
     ("corpus", "add"): (
