@@ -6,7 +6,10 @@
     metadata {"format": "openrealm.block_records", "format_version": "1", "num_blocks": "N"}
 
 Block i's text is text_bytes[text_offsets[i]:text_offsets[i + 1]]. The int64 tensors come first so that they are
-8-byte aligned in the file. Reading memory-maps the file; nothing is loaded whole.
+8-byte aligned in the file. Reading memory-maps the file; nothing is loaded whole. A corpus of passages kept as
+blocks (`openrealm corpus build --passages-as-blocks`, docs/corpus.md) also stores each block's passage id, e.g. DPR's
+psgs_w100.tsv id: passage_id_offsets int64 [N+1] after text_offsets and passage_id_bytes uint8 [T3] last (an empty
+id: the block has none). A file without them is what every earlier version wrote.
 
 The legacy `block_records.npy` of transformers 4.x is a pickled numpy object array of bytes. It is read here by
 interpreting the pickle opcodes with a whitelist; nothing named by the file is ever imported or called.
@@ -33,6 +36,13 @@ FORMAT = "openrealm.block_records"
 FORMAT_VERSION = "1"
 # Tensor order in the file: int64 tensors first, so that every tensor is aligned to its item size.
 _LAYOUT = (("title_offsets", "I64", 8), ("text_offsets", "I64", 8), ("title_bytes", "U8", 1), ("text_bytes", "U8", 1))
+# The same with each block's passage id (optional; see the module docstring).
+_LAYOUT_WITH_IDS = (
+    *_LAYOUT[:2],
+    ("passage_id_offsets", "I64", 8),
+    *_LAYOUT[2:],
+    ("passage_id_bytes", "U8", 1),
+)
 MAX_SAFETENSORS_HEADER = 100_000_000  # bytes of JSON header: the limit safetensors itself enforces
 _CHUNK = 1 << 20
 
@@ -47,6 +57,10 @@ class BlockRecords:
         self._text_offsets = data[slice(*spans["text_offsets"])].view("<i8")
         self._title_bytes = data[slice(*spans["title_bytes"])]
         self._text_bytes = data[slice(*spans["text_bytes"])]
+        self.has_passage_ids = "passage_id_bytes" in spans
+        if self.has_passage_ids:
+            self._passage_id_offsets = data[slice(*spans["passage_id_offsets"])].view("<i8")
+            self._passage_id_bytes = data[slice(*spans["passage_id_bytes"])]
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> BlockRecords:
@@ -72,6 +86,8 @@ class BlockRecords:
         records = cls(path, np.memmap(path, dtype=np.uint8, mode="r"), spans)
         records._validate_offsets("title")
         records._validate_offsets("text")
+        if records.has_passage_ids:
+            records._validate_offsets("passage_id")
         return records
 
     def _validate_offsets(self, field: str) -> None:
@@ -139,6 +155,15 @@ class BlockRecords:
         """Titles of `ids` (any shape, flattened in C order) -> list of len(ids.flatten())."""
         return [self._decode("title", i) for i in self._ids(ids)]
 
+    def passage_ids(self, ids: Iterable[int] | np.ndarray | torch.Tensor) -> list[str | None]:
+        """Passage ids of `ids` (any shape, flattened in C order): the id column of the passages the blocks were
+        built from (`corpus build --passages-as-blocks`); None for a block without one, or every block of a file
+        that stores none."""
+        ids = self._ids(ids)
+        if not self.has_passage_ids:
+            return [None] * len(ids)
+        return [self._decode("passage_id", i) or None for i in ids]
+
     def __getitem__(self, key: Any) -> bytes | np.ndarray:
         """The 4.x `block_records[key]`: a block's text as UTF-8 bytes for an integer, and for a slice, a list, an
         integer array or a boolean mask a numpy object array of bytes shaped like numpy's indexing result (4.x's
@@ -158,25 +183,29 @@ class BlockRecords:
     def write(
         cls,
         path: str | os.PathLike,
-        records: Iterable[tuple[str | bytes, str | bytes]] | Iterable[dict],
+        records: Iterable[tuple] | Iterable[dict],
         num_blocks_hint: int | None = None,
+        passage_ids: bool = False,
     ) -> BlockRecords:
         """Stream (title, text) pairs, or dicts with "title" and "text", atomically into `path`; return it opened.
 
+        passage_ids: also store each block's passage id: records are then (title, text, passage_id) triples or dicts
+        with a "passage_id" (None or "" for a block without one).
         If `num_blocks_hint` is given, a different number of records is an error (so a truncated source is caught).
         """
         path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(path))
+        layout = _LAYOUT_WITH_IDS if passage_ids else _LAYOUT
         # Scratch files are anonymous (unlinked at once where the OS allows), so they never outlive the process.
-        scratch = {name: tempfile.TemporaryFile(dir=directory, buffering=_CHUNK) for name, _, _ in _LAYOUT}
+        scratch = {name: tempfile.TemporaryFile(dir=directory, buffering=_CHUNK) for name, _, _ in layout}
         try:
             num_blocks, lengths = _write_scratch(path, records, scratch)
             if num_blocks_hint is not None and num_blocks != num_blocks_hint:
                 raise ValueError(f"expected {num_blocks_hint} blocks for {path} but the records held {num_blocks}")
-            header = _header(num_blocks, lengths["title_bytes"], lengths["text_bytes"])
+            header = _header(num_blocks, lengths)
             with _atomic_output(path) as out:
                 out.write(header)
-                for name, _, _ in _LAYOUT:
+                for name, _, _ in layout:
                     scratch[name].seek(0)
                     shutil.copyfileobj(scratch[name], out, 16 * _CHUNK)
         finally:
@@ -247,11 +276,12 @@ def _validate_header(path: str, header: Any, data_start: int, data_size: int) ->
     num_blocks = meta.get("num_blocks")
     if not isinstance(num_blocks, str) or not num_blocks.isdigit():
         raise bad(f"num_blocks {num_blocks!r} is not a non-negative integer")
-    names = {name for name, _, _ in _LAYOUT}
+    layout = _LAYOUT_WITH_IDS if "passage_id_bytes" in header else _LAYOUT
+    names = {name for name, _, _ in layout}
     if set(header) - {"__metadata__"} != names:
         raise bad(f"tensors are {sorted(set(header) - {'__metadata__'})}, expected {sorted(names)}")
     ranges = []
-    for name, dtype, itemsize in _LAYOUT:
+    for name, dtype, itemsize in layout:
         info = header[name] if isinstance(header[name], dict) else {}
         shape, offsets = info.get("shape"), info.get("data_offsets")
         if info.get("dtype") != dtype:
@@ -276,16 +306,17 @@ def _validate_header(path: str, header: Any, data_start: int, data_size: int) ->
     return {name: (data_start + start, data_start + stop) for start, stop, name in ranges}
 
 
-def _header(num_blocks: int, title_len: int, text_len: int, size: int | None = None) -> bytes:
+def _header(num_blocks: int, byte_lengths: dict[str, int], size: int | None = None) -> bytes:
     """Serialized safetensors header (8-byte length + JSON padded with spaces to a multiple of 8, or to `size` bytes
-    in all: a header reserved before the lengths were known is overwritten in place by one of the same size)."""
-    counts = {"title_offsets": num_blocks + 1, "text_offsets": num_blocks + 1, "title_bytes": title_len}
-    counts["text_bytes"] = text_len
+    in all: a header reserved before the lengths were known is overwritten in place by one of the same size).
+    byte_lengths: bytes of each *_bytes tensor ("passage_id_bytes" present: the layout with passage ids)."""
+    layout = _LAYOUT_WITH_IDS if "passage_id_bytes" in byte_lengths else _LAYOUT
+    counts = {name: byte_lengths[name] if name.endswith("_bytes") else num_blocks + 1 for name, _, _ in layout}
     header: dict[str, Any] = {
         "__metadata__": {"format": FORMAT, "format_version": FORMAT_VERSION, "num_blocks": str(num_blocks)}
     }
     start = 0
-    for name, dtype, itemsize in _LAYOUT:
+    for name, dtype, itemsize in layout:
         stop = start + counts[name] * itemsize
         header[name] = {"dtype": dtype, "shape": [counts[name]], "data_offsets": [start, stop]}
         start = stop
@@ -311,9 +342,11 @@ def _utf8(value: Any, field: str, index: int, path: str) -> bytes:
 
 
 def _write_scratch(path: str, records: Iterable[Any], scratch: dict[str, BinaryIO]) -> tuple[int, dict[str, int]]:
-    """Append every record's bytes and end offsets to the scratch files -> (num_blocks, byte length per field)."""
-    ends = {"title": 0, "text": 0}
-    pending: dict[str, list] = {"title_bytes": [], "text_bytes": [], "title_offsets": [0], "text_offsets": [0]}
+    """Append every record's bytes and end offsets to the scratch files -> (num_blocks, byte length per *_bytes
+    tensor). With a passage_id scratch file, records are (title, text, passage_id) or dicts with one."""
+    fields = ("title", "text", "passage_id") if "passage_id_bytes" in scratch else ("title", "text")
+    ends = {field: 0 for field in fields}
+    pending: dict[str, list] = {name: [] if name.endswith("_bytes") else [0] for name in scratch}
 
     def flush() -> None:  # one write per field per few thousand records: much cheaper than one per record
         for name, values in pending.items():
@@ -323,13 +356,14 @@ def _write_scratch(path: str, records: Iterable[Any], scratch: dict[str, BinaryI
     num_blocks = 0
     for index, record in enumerate(records):
         if isinstance(record, dict):
-            pair = (record.get("title"), record.get("text"))
-        elif isinstance(record, (tuple, list)) and len(record) == 2:
-            pair = record
+            values = tuple(record.get(field) for field in fields)
+        elif isinstance(record, (tuple, list)) and len(record) == len(fields):
+            values = record
         else:
-            raise TypeError(f"block {index} for {path} is {type(record).__name__}, expected (title, text) or a dict")
-        for field, value in zip(("title", "text"), pair, strict=True):
-            data = _utf8(value, field, index, path)
+            expected = "(title, text, passage_id)" if len(fields) == 3 else "(title, text)"
+            raise TypeError(f"block {index} for {path} is {type(record).__name__}, expected {expected} or a dict")
+        for field, value in zip(fields, values, strict=True):
+            data = _utf8("" if value is None and field == "passage_id" else value, field, index, path)
             ends[field] += len(data)
             pending[f"{field}_bytes"].append(data)
             pending[f"{field}_offsets"].append(ends[field])
@@ -337,7 +371,7 @@ def _write_scratch(path: str, records: Iterable[Any], scratch: dict[str, BinaryI
         if num_blocks % 4096 == 0:
             flush()
     flush()
-    return num_blocks, {"title_bytes": ends["title"], "text_bytes": ends["text"]}
+    return num_blocks, {f"{field}_bytes": end for field, end in ends.items()}
 
 
 @contextlib.contextmanager
@@ -715,7 +749,9 @@ def convert_legacy_block_records(
 
     npy_path, output_path = os.fspath(npy_path), os.fspath(output_path)
     num_blocks = legacy_block_records_count(npy_path)
-    header_size = len(_header(num_blocks, 0, os.path.getsize(npy_path)))  # texts cannot outsize the file
+    header_size = len(
+        _header(num_blocks, {"title_bytes": 0, "text_bytes": os.path.getsize(npy_path)})
+    )  # texts cannot outsize the file
     offsets_at = header_size + 8 * (num_blocks + 1)  # text_offsets, after the all-zero title_offsets
     text_at = offsets_at + 8 * (num_blocks + 1)
     with (
@@ -747,5 +783,5 @@ def convert_legacy_block_records(
             raise
         except ValueError as e:  # e.g. a text that is not UTF-8: say which legacy file it came from
             raise ValueError(f"converting {npy_path}: {e}") from e
-        os.pwrite(fd, _header(num_blocks, 0, total, size=header_size), 0)
+        os.pwrite(fd, _header(num_blocks, {"title_bytes": 0, "text_bytes": total}, size=header_size), 0)
     return BlockRecords.open(output_path)

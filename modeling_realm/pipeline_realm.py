@@ -7,6 +7,9 @@
                                 -> {"answers": [3 answers], "blocks": [20 retrieved blocks, best first, 5 "read"]}
     qa("Who wrote it?", context="Hamlet is a tragedy by William Shakespeare.")   -> reads only the given text
 
+A corpus built with `openrealm corpus build --passages-as-blocks` stores each block's passage id (e.g. DPR's): answers
+and blocks then also carry "passage_id", after "block_id".
+
 `score` is the probability of the (block, span) pair under the reader's joint softmax over every span of every block
 read; answers are cut from the original text (original casing) through the tokenizer's offsets, and `text[start:end]`
 is the answer (`start`/`end` are None in the rare case the span cannot be mapped back to the text).
@@ -52,6 +55,22 @@ def question_text(number: int, question) -> str:
     if not question.strip():
         raise ValueError(f"question {number} is empty or whitespace ({question!r}): give a non-empty string.")
     return question
+
+
+def _with_passage_ids(items: list[dict], records, block_ids: list[int]) -> list[dict]:
+    """items (one dict per block of block_ids) with "passage_id" added after "block_id" when the corpus stores passage
+    ids (`corpus build --passages-as-blocks`: e.g. DPR's psgs_w100.tsv ids; None for a block without one)."""
+    if not getattr(records, "has_passage_ids", False):
+        return items
+    with_ids = []
+    for item, passage_id in zip(items, records.passage_ids(block_ids)):
+        entry = {}
+        for key, value in item.items():
+            entry[key] = value
+            if key == "block_id":
+                entry["passage_id"] = passage_id
+        with_ids.append(entry)
+    return with_ids
 
 
 class RealmQuestionAnsweringPipeline(Pipeline):
@@ -203,13 +222,13 @@ class RealmQuestionAnsweringPipeline(Pipeline):
                     "retrieval_score": output.retrieved_logits[b, r].item(),
                 }
             )
-        return answers
+        return _with_passage_ids(answers, records, block_ids)
 
     def _blocks(self, output, b: int, num_read: int) -> list[dict]:
         """Every block retrieved for question b, best first; the first num_read were read."""
         records = self.model.retriever.block_records
         block_ids = output.retrieved_block_ids[b].tolist()
-        return [
+        blocks = [
             {"block_id": block_id, "title": title, "text": text, "retrieval_score": logit, "read": rank < num_read}
             for rank, (block_id, title, text, logit) in enumerate(
                 zip(
@@ -217,6 +236,7 @@ class RealmQuestionAnsweringPipeline(Pipeline):
                 )
             )
         ]
+        return _with_passage_ids(blocks, records, block_ids)
 
     def postprocess(self, model_outputs):
         return model_outputs

@@ -78,6 +78,14 @@ class _DerivedRecordAccess:
     def __iter__(self) -> Iterator[bytes]:
         return (self.text_bytes(i) for i in range(len(self)))
 
+    @property
+    def has_passage_ids(self) -> bool:
+        return False
+
+    def passage_ids(self, ids) -> list[str | None]:
+        """Passage ids of `ids` (see BlockRecords.passage_ids): None for every block here."""
+        return [None] * np.asarray(ids, dtype=np.int64).size
+
 
 class SequenceBlockRecords(_DerivedRecordAccess):
     """Block records held in memory: a sequence of texts (bytes or str), as the 4.x `RealmRetriever` took them."""
@@ -119,11 +127,16 @@ class ExtendedBlockRecords(_DerivedRecordAccess):
     """Block records with blocks appended in memory (`RealmRetriever.add_blocks`): ids 0..len(base)-1 are base's,
     the next ones the added (title, text) pairs. `save_pretrained` writes them all into one block records file."""
 
-    def __init__(self, base, titles: Sequence[str], texts: Sequence[str]):
+    def __init__(
+        self, base, titles: Sequence[str], texts: Sequence[str], passage_ids: Sequence[str | None] | None = None
+    ):
+        passage_ids = list(passage_ids) if passage_ids is not None else [None] * len(texts)
         if isinstance(base, ExtendedBlockRecords):  # one level: the base records plus every added block
-            base, titles, texts = base.base, [*base.added._titles, *titles], [*base.added._texts, *texts]
+            titles, texts = [*base.added._titles, *titles], [*base.added._texts, *texts]
+            base, passage_ids = base.base, [*base.added_passage_ids, *passage_ids]
         self.base = base
         self.added = SequenceBlockRecords(list(texts), list(titles))
+        self.added_passage_ids = passage_ids
 
     def __len__(self) -> int:
         return len(self.base) + len(self.added)
@@ -144,6 +157,17 @@ class ExtendedBlockRecords(_DerivedRecordAccess):
 
     def titles(self, ids) -> list[str]:
         return self._split("titles", ids)
+
+    @property
+    def has_passage_ids(self) -> bool:
+        return self.base.has_passage_ids or any(i is not None for i in self.added_passage_ids)
+
+    def passage_ids(self, ids) -> list[str | None]:
+        """Passage ids of `ids` (see BlockRecords.passage_ids): the base's, then the added blocks' (None: none)."""
+        ids = np.asarray(ids.detach().cpu() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64).reshape(-1)
+        n = len(self.base)
+        base = iter(self.base.passage_ids(ids[ids < n]))
+        return [next(base) if i < n else self.added_passage_ids[i - n] for i in ids.tolist()]
 
     def text_bytes(self, block_id: int) -> bytes:
         n = len(self.base)
@@ -354,6 +378,7 @@ class RealmRetriever:
         embedder: torch.nn.Module | None = None,
         max_length: int = 288,
         batch_size: int = 32,
+        passage_ids: Sequence[str | None] | None = None,
     ) -> list[int]:
         """Append blocks (one title and one block-sized text each) to the corpus and the index; returns their ids,
         num_blocks .. num_blocks + M - 1. Existing ids never change, so provenance stays valid.
@@ -361,16 +386,19 @@ class RealmRetriever:
         block_emb [M, P]: their embeddings; else they are embedded as `[CLS] title [SEP] text [SEP]` by `embedder`,
         by default the index's own snapshot (`index.load_embedder()`: the tower that embedded the other blocks). A
         block longer than max_length wordpieces is refused (split articles into blocks first: `openrealm corpus add`
-        does). Takes effect for the next search; `save_pretrained` writes the new version."""
+        does). passage_ids: the blocks' passage ids (BlockRecords.passage_ids; None: none). Takes effect for the next
+        search; `save_pretrained` writes the new version."""
         titles, texts = [str(title) for title in titles], [str(text) for text in texts]
         if len(titles) != len(texts) or not texts:
             raise ValueError(
                 f"add_blocks needs as many titles as texts, at least one: got {len(titles)} and {len(texts)}"
             )
+        if passage_ids is not None and len(passage_ids) != len(texts):
+            raise ValueError(f"add_blocks got {len(passage_ids)} passage ids for {len(texts)} blocks")
         if not self.has_index:  # records alone (a corpus not indexed yet): the index built later embeds them
             with self._index_lock:
                 first = len(self.block_records)
-                self.block_records = ExtendedBlockRecords(self.block_records, titles, texts)
+                self.block_records = ExtendedBlockRecords(self.block_records, titles, texts, passage_ids)
             return list(range(first, first + len(texts)))
         index = self.index
         if block_emb is None:
@@ -386,7 +414,7 @@ class RealmRetriever:
         new_index = index.add(block_emb)
         with self._index_lock:
             first = len(self.block_records)
-            self.block_records = ExtendedBlockRecords(self.block_records, titles, texts)
+            self.block_records = ExtendedBlockRecords(self.block_records, titles, texts, passage_ids)
             self._index = new_index
         return list(range(first, first + len(texts)))
 
@@ -738,7 +766,10 @@ class RealmRetriever:
         target = os.path.join(directory, BLOCK_RECORDS_NAME)
         source = getattr(self.block_records, "path", None)
         if source is None:
-            BlockRecords.write(target, self.iter_records(), num_blocks_hint=len(self.block_records))
+            with_ids = self.block_records.has_passage_ids
+            BlockRecords.write(
+                target, self.iter_records(with_ids), num_blocks_hint=len(self.block_records), passage_ids=with_ids
+            )
         else:
             link_or_copy(source, target)
         if self._index is not None:
@@ -746,11 +777,13 @@ class RealmRetriever:
             self._index.write_files(os.path.join(directory, BLOCK_INDEX_DIR))
         self.tokenizer.save_pretrained(directory)
 
-    def iter_records(self, batch_size: int = 4096):
-        """Yield (title, text) for every block, in block order."""
-        for start in range(0, len(self.block_records), batch_size):
-            ids = range(start, min(start + batch_size, len(self.block_records)))
-            yield from zip(self.block_records.titles(ids), self.block_records.texts(ids))
+    def iter_records(self, passage_ids: bool = False, batch_size: int = 4096):
+        """Yield (title, text) for every block, in block order; (title, text, passage id) with passage_ids."""
+        records = self.block_records
+        for start in range(0, len(records), batch_size):
+            ids = range(start, min(start + batch_size, len(records)))
+            fields = [records.titles(ids), records.texts(ids)] + ([records.passage_ids(ids)] if passage_ids else [])
+            yield from zip(*fields)
 
     def push_to_hub(self, repo_id: str, commit_message: str = "Upload REALM retriever", **kwargs) -> str:
         """Upload block records, index and tokenizer to a Hub model repo; returns the commit URL."""

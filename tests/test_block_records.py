@@ -627,3 +627,29 @@ def test_legacy_random_corruption_raises_only_legacy_errors(tmp_path, protocol):
 def test_open_a_directory_says_to_pass_the_file(tmp_path):
     with pytest.raises(IsADirectoryError, match=rf"{tmp_path} is a directory"):
         BlockRecords.open(tmp_path)
+
+
+def test_passage_ids_are_stored_after_the_texts_and_read_back_with_none_for_a_block_without_one(tmp_path):
+    triples = [(title, text, passage_id) for (title, text), passage_id in zip(RECORDS, ["7", None, "wiki:9", "", "x"])]
+    records = BlockRecords.write(tmp_path / "block_records.safetensors", triples, passage_ids=True)
+    assert records.has_passage_ids and records.passage_ids([0, 1, 2, 3, 4]) == ["7", None, "wiki:9", None, "x"]
+    assert [records.record(i) for i in range(len(RECORDS))] == [{"title": t, "text": x} for t, x in RECORDS]
+    with safe_open(str(tmp_path / "block_records.safetensors"), framework="np") as f:
+        assert list(f.keys()) == sorted(
+            ["title_offsets", "text_offsets", "passage_id_offsets", "title_bytes", "text_bytes", "passage_id_bytes"]
+        )
+
+
+def test_a_file_without_passage_ids_answers_none_for_each_block(tmp_path):
+    records = write_records(tmp_path)
+    assert not records.has_passage_ids and records.passage_ids(torch.tensor([[0, 1], [2, 3]])) == [None] * 4
+
+
+def test_passage_id_offsets_that_disagree_with_the_bytes_are_refused(tmp_path):
+    path = tmp_path / "block_records.safetensors"
+    BlockRecords.write(path, [("a", "b", "12"), ("c", "d", "3")], passage_ids=True)
+    header, data_start = header_of(path)
+    start = data_start + header["passage_id_offsets"]["data_offsets"][0]
+    patch_bytes(path, start + 16, struct.pack("<q", 1))  # offsets 0, 2, 3 -> 0, 2, 1: the last below the bytes held
+    with pytest.raises(ValueError, match="passage_id_offsets run from 0 to 1, expected 0 to 3"):
+        BlockRecords.open(path)

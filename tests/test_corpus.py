@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from datasets import Dataset
@@ -16,6 +17,7 @@ from openrealm.tokenization.corpus import (
     batch_retriever_inputs,
     block_retriever_inputs,
     build_corpus,
+    duplicate_rows,
     load_corpus,
     run,
 )
@@ -429,6 +431,24 @@ def test_duplicate_blocks_are_dropped_by_default_keeping_the_first_of_each(tmp_p
     config = json.loads((tmp_path / "c" / "corpus_config.json").read_text())
     assert (config["deduplicate"], config["num_duplicate_blocks"], config["num_duplicates_dropped"]) == (True, 0, 3)
     assert (config["num_blocks"], config["num_articles"], config["num_input_articles"]) == (3, 3, 6)
+
+
+def test_duplicate_rows_of_sha1_uids_agree_with_comparing_the_strings_across_chunks():
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    distinct = [hashlib.sha1(str(i).encode()).hexdigest() for i in range(50)]
+    uids = [distinct[i] for i in rng.integers(0, 50, size=400)]
+    chunked = pa.chunked_array([pa.array(uids[:150]), pa.array(uids[150:])])
+    expected = [row for row, uid in enumerate(uids) if uid in uids[:row]]
+    assert duplicate_rows(chunked).tolist() == expected
+    assert duplicate_rows([uid.upper() for uid in uids]).tolist() == expected  # not lowercase hex: strings compared
+
+
+def test_uids_sharing_their_first_64_bits_are_not_duplicates_unless_equal():
+    a, b = "0123456789abcdef" + "0" * 24, "0123456789abcdef" + "1" * 24
+    assert duplicate_rows([a, b, a, b]).tolist() == [2, 3]
+    assert duplicate_rows([a, b]).tolist() == []
 
 
 def test_no_deduplicate_keeps_duplicate_blocks_and_counts_them(tmp_path, tokenizer):

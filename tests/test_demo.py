@@ -70,6 +70,14 @@ def test_ask_shows_each_answer_in_its_block_and_the_other_retrieved_blocks(qa):
     assert blocks_page.count("retrieved, not read") == 3
 
 
+def test_answers_and_blocks_of_a_corpus_of_passages_name_their_passage_ids():
+    answer = {"answer": "x", "score": 0.5, "title": "t", "text": "x y", "start": 0, "end": 1, "retrieval_score": 1.0}
+    answers = [{**answer, "block_id": 3, "passage_id": "dpr-4"}]
+    blocks = [{"block_id": 5, "passage_id": "dpr-6", "title": "u", "text": "z", "retrieval_score": 0.5, "read": True}]
+    assert "(block 3, passage dpr-4, retrieval score 1.00)" in demo.answers_html(answers)
+    assert "block 5, passage dpr-6, retrieval score 0.50, read" in demo.blocks_html(blocks, answers)
+
+
 def test_a_4x_folder_answers_and_its_untitled_blocks_say_so():
     # the 4.57 port's layout: pytorch_model.bin and block_records.npy of texts without titles
     qa = demo.load_question_answerer(str(Path(__file__).parent / "reference" / "fixtures" / "openqa_hub"))

@@ -16,6 +16,10 @@ temporary sibling, then renamed) holds:
     block_records.safetensors   the same titles and texts as openrealm.BlockRecords (what RealmRetriever serves)
     tokenizer files             so that AutoTokenizer / RealmRetriever.from_pretrained(folder) load it
 
+Articles come from JSONL, Parquet, CSV/TSV, save_to_disk folders or the Hub (tokenization/sources.py). With
+passages_as_blocks each input row (a passage already split, e.g. DPR's psgs_w100.tsv) is one block instead, cut where
+it is too long, and its id is kept: column passage_id of blocks/ and the passage ids of block_records.safetensors.
+
 Departures from Google's code (each explained where it happens): sentencex instead of NLTK punkt; over-long
 sentences are split at word boundaries instead of becoming over-long blocks; a title that leaves no room for the
 body still gets a budget of 1 wordpiece; sentences without wordpieces are dropped; blocks are in input order
@@ -44,6 +48,13 @@ import torch
 
 from openrealm.block_records import BlockRecords
 from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
+from openrealm.tokenization.sources import (
+    PASSAGE_ID,
+    InputOptions,
+    input_kind,
+    load_table_articles,
+    standard_columns,
+)
 
 CORPUS_FORMAT = "openrealm.corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -78,12 +89,12 @@ Span = tuple[int, int, str]
 SpanAnnotator = Callable[[str], list[Span]]
 
 
-def block_features():
-    """The `datasets.Features` of the blocks/ dataset (COLUMNS order)."""
+def block_features(passages: bool = False):
+    """The `datasets.Features` of the blocks/ dataset (COLUMNS order; a corpus of passages adds passage_id)."""
     from datasets import Features, List, Value
 
     ints = List(Value("int32"))
-    return Features(
+    features = Features(
         {
             "block_id": Value("int64"),
             "article_id": Value("int64"),
@@ -100,6 +111,9 @@ def block_features():
             "span_labels": List(Value("string")),
         }
     )
+    if passages:
+        features[PASSAGE_ID] = Value("string")
+    return features
 
 
 def is_removed_page(title: str) -> bool:
@@ -118,15 +132,77 @@ def duplicate_rows(uids) -> np.ndarray:
     A duplicate block has the same title and the same text as an earlier block (its document uid, SHA-1 of
     `title <sep> text`): the key Google's example generator compares, dropping every pre-training example whose K
     candidates hold two blocks of one uid (spec §3.4). uids: strings, a pyarrow Array or a ChunkedArray (a corpus's
-    `blocks.with_format("arrow")["uid"]`: counted in Arrow, no Python string per row)."""
+    `blocks.with_format("arrow")["uid"]`: counted in Arrow, no Python string per row).
+
+    Memory: hex SHA-1 uids (document_uid's) are compared by their first 64 bits first (8 bytes a row, sorted in place
+    in numpy, against some 400 bytes a row for hashing the strings in Arrow), and only the rows whose 64 bits repeat
+    are compared whole: a 21M-block corpus is deduplicated in some 200 MB."""
     import pyarrow as pa
 
     column = uids if isinstance(uids, (pa.Array, pa.ChunkedArray)) else pa.array(list(uids), type=pa.string())
-    rows = pa.array(np.arange(len(column), dtype=np.int64))
-    first = pa.table({"uid": column, "row": rows}).group_by("uid").aggregate([("row", "min")])["row_min"]
-    duplicate = np.ones(len(column), dtype=bool)
-    duplicate[first.to_numpy()] = False
-    return np.flatnonzero(duplicate).astype(np.int64)
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    keys, start = np.empty(len(column), dtype=np.uint64), 0
+    for chunk in chunks:  # filled chunk by chunk: 8 bytes a row, no second copy
+        prefixes = _sha1_prefixes(chunk)
+        if prefixes is None:  # not all hex SHA-1 uids: compare the strings
+            del keys
+            return _first_occurrence_duplicates(column, np.arange(len(column), dtype=np.int64))
+        keys[start : start + len(chunk)] = prefixes
+        start += len(chunk)
+    keys.sort()  # in place
+    repeated = np.unique(keys[1:][keys[1:] == keys[:-1]])  # prefixes held by more than one row (few)
+    del keys
+    if not len(repeated):
+        return np.zeros(0, dtype=np.int64)
+    candidates, start = [], 0
+    for chunk in chunks:  # the rows whose prefix repeats: their uids are compared whole
+        candidates.append(start + np.flatnonzero(np.isin(_sha1_prefixes(chunk), repeated)))
+        start += len(chunk)
+    candidates = np.concatenate(candidates).astype(np.int64)
+    return _first_occurrence_duplicates(column.take(pa.array(candidates)), candidates)
+
+
+def _first_occurrence_duplicates(uids, rows: np.ndarray) -> np.ndarray:
+    """rows[i] for each uids[i] equal to an earlier uids[j] (rows ascending): exact string comparison in Arrow."""
+    import pyarrow as pa
+
+    first = pa.table({"uid": uids, "row": pa.array(rows)}).group_by("uid").aggregate([("row", "min")])["row_min"]
+    return np.setdiff1d(rows, first.to_numpy()).astype(np.int64)
+
+
+_HEX_VALUES = np.zeros(256, dtype=np.uint8)
+_HEX_VALUES[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def _sha1_prefixes(chunk) -> np.ndarray | None:
+    """The first 64 bits [n] (uint64) of a string Array of 40-character lowercase hex uids, read from its value
+    buffer without a Python string per row; None when a value is null or not 40 hex characters."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(chunk) == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if chunk.null_count or not pa.types.is_string(chunk.type):
+        return None
+    offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32)[chunk.offset : chunk.offset + len(chunk) + 1]
+    if (np.diff(offsets) != 40).any() or not pc.all(pc.match_substring_regex(chunk, "^[0-9a-f]{40}$")).as_py():
+        return None
+    text = np.frombuffer(chunk.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(-1, 40)
+    nibbles = _HEX_VALUES[text[:, :16]]
+    packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
+    return packed.view(">u8").reshape(-1).astype(np.uint64)
+
+
+def count_distinct_in_order(column) -> int:
+    """How many distinct values a non-decreasing int column (a ChunkedArray, e.g. blocks' article_id) holds: one plus
+    the number of increases, counted chunk by chunk (no copy of the whole column)."""
+    count, last = 0, None
+    for chunk in column.chunks:
+        values = chunk.to_numpy()
+        if len(values):
+            count += int((values[1:] != values[:-1]).sum()) + int(last is None or values[0] != last)
+            last = values[-1]
+    return count
 
 
 def count_duplicate_blocks(uids, removed_ids=()) -> int:
@@ -147,7 +223,9 @@ def drop_duplicate_blocks(blocks, scratch: str, drop: bool = True):
     indices mapping (what pack_articles returns)."""
     duplicates = duplicate_rows(blocks.data.column("uid"))
     if drop and len(duplicates):
-        keep = np.setdiff1d(np.arange(len(blocks), dtype=np.int64), duplicates)
+        keep = np.ones(len(blocks), dtype=bool)
+        keep[duplicates] = False
+        keep = np.flatnonzero(keep)
         blocks = blocks.select(keep).flatten_indices(  # an inner step: its bar shows with --verbose only
             cache_file_name=os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}.arrow"),
             new_fingerprint=uuid.uuid4().hex,
@@ -211,6 +289,7 @@ class BlockBuilder:
         html_unescape: bool = True,
         language: str = "en",
         source_name: str = "<articles>",
+        passages: bool = False,
     ):
         if max_block_length < 4:
             raise ValueError(
@@ -226,6 +305,7 @@ class BlockBuilder:
         self.html_unescape = html_unescape
         self.language = language
         self.source_name = source_name
+        self.passages = passages
         self._factory = span_annotator if span_annotator is not None and _is_factory(span_annotator) else None
         self._annotator = None if self._factory is not None else span_annotator
         self._backend = None  # the tokenizers.Tokenizer used by _tokenize (made on first use in each process)
@@ -245,24 +325,58 @@ class BlockBuilder:
 
     # -- the map function ----------------------------------------------------------------------------------------
 
-    def __call__(self, titles: list, texts: list, indices: list[int]) -> dict[str, list]:
-        kept = [(i, title, text) for i, title, text in zip(indices, titles, texts) if self._keep(i, title, text)]
-        sentences = [self._sentences(text) for _, _, text in kept]
+    def __call__(self, titles: list, texts: list, *rest: list) -> dict[str, list]:
+        """A batch of articles -> their blocks. rest: (indices,), or (passage_ids, indices) for passages: each
+        passage then makes one block (its first `budget` wordpieces; "cut" says whether anything was left out)."""
+        *passage_ids, indices = rest
+        passage_ids = passage_ids[0] if passage_ids else [None] * len(indices)
+        kept = [
+            (i, title, text, passage_id)
+            for i, title, text, passage_id in zip(indices, titles, texts, passage_ids)
+            if self._keep(i, title, text)
+        ]
+        sentences = [self._sentences(text) for _, _, text, _ in kept]
         flat = [sentence for article in sentences for sentence in article]
-        ids = self._tokenize([title for _, title, _ in kept]) if kept else []
+        ids = self._tokenize([title for _, title, _, _ in kept]) if kept else []
         sentence_ids = iter(self._tokenize(flat)) if flat else iter(())
         spans = iter(self._annotate(flat)) if flat else iter(())
-        columns: dict[str, list] = {name: [] for name in COLUMNS if name != "block_id"}
-        for (article_id, title, _), title_ids, article in zip(kept, ids, sentences):
+        columns: dict[str, list] = {name: [] for name in self.output_columns}
+        for (article_id, title, _, passage_id), title_ids, article in zip(kept, ids, sentences):
             budget = self._budget(title_ids)
             pieces = []
             for sentence in article:
                 sentence_spans, token_ids = next(spans), next(sentence_ids)
                 if token_ids:  # text the tokenizer drops entirely (control characters only) adds nothing to a block
                     pieces.extend(self._pieces(sentence, token_ids, sentence_spans, budget))
-            for block in _pack(pieces, budget):
+            if not self.passages:
+                for block in _pack(pieces, budget):
+                    _append_block(columns, article_id, title, title_ids, block)
+            elif pieces:
+                block, cut = self._passage_block(pieces, budget)
                 _append_block(columns, article_id, title, title_ids, block)
+                columns[PASSAGE_ID].append(passage_id)
+                columns["cut"].append(cut)
         return columns
+
+    @property
+    def output_columns(self) -> list[str]:
+        """The columns __call__ returns: COLUMNS but block_id; with passages also passage_id and cut."""
+        names = [name for name in COLUMNS if name != "block_id"]
+        return [*names, PASSAGE_ID, "cut"] if self.passages else names
+
+    def _passage_block(self, pieces: list[_Piece], budget: int) -> tuple[list[_Piece], bool]:
+        """(the pieces of a passage that fit in one block, whether some were cut off): a piece that crosses the
+        budget is cut at a word boundary (as an over-long sentence is), the rest of the passage left out."""
+        block, length = [], 0
+        for piece in pieces:  # each piece fits in the budget (_pieces): the first always fits whole
+            room = budget - length
+            if len(piece.ids) > room:
+                if room > 0:
+                    block.append(self._split_long_sentence(piece.text, piece.ids, piece.spans, room)[0])
+                return block, True
+            block.append(piece)
+            length += len(piece.ids)
+        return block, False
 
     def _keep(self, index: int, title: Any, text: Any) -> bool:
         for field, value in (("title", title), ("text", text)):
@@ -501,10 +615,36 @@ def jsonl_string(row: Mapping, field: str, path, line: int) -> str:
     return value
 
 
-def _article_rows(paths: list[str]) -> Iterator[dict]:
+def _article_rows(
+    paths: list[str],
+    title_column: str = "title",
+    text_column: str = "text",
+    id_column: str | None = None,
+    id_required: bool = False,
+) -> Iterator[dict]:
+    """{"title", "text"} of each line (+ "passage_id" with an id_column: the field's string or number as a string,
+    None where the line lacks it unless id_required)."""
     for path in paths:
         for number, row in iter_jsonl(path):
-            yield {"title": jsonl_string(row, "title", path, number), "text": jsonl_string(row, "text", path, number)}
+            article = {
+                "title": jsonl_string(row, title_column, path, number),
+                "text": jsonl_string(row, text_column, path, number),
+            }
+            if id_column is not None:
+                article[PASSAGE_ID] = _jsonl_id(row, id_column, id_required, path, number)
+            yield article
+
+
+def _jsonl_id(row: Mapping, field: str, required: bool, path, line: int) -> str | None:
+    """row[field] as a string (a JSON string or integer); None when absent and not required (JsonlError otherwise)."""
+    if field not in row and not required:
+        return None
+    if field not in row:
+        raise JsonlError(path, line, f"missing field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
+    value = row[field]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise JsonlError(path, line, f"field {field!r} must be a string or an integer, got {json_type(value)}")
+    return str(value)
 
 
 def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
@@ -519,38 +659,65 @@ def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
     return tokenizer, getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
 
 
-def load_articles(source, cache_dir: str):
-    """A JSONL path (or list of paths) or a datasets.Dataset -> (Dataset with "title" and "text", name)."""
-    from datasets import Dataset, Features, Value
+def load_articles(source, cache_dir: str, options: InputOptions | None = None, passages: bool = False):
+    """Articles -> (Dataset with "title" and "text", and "passage_id" when passages, name for messages).
 
+    source: a datasets.Dataset, or an --input path or list of them: JSONL files, Parquet and CSV/TSV files, globs of
+    them, save_to_disk folders, a Hub dataset id (tokenization/sources.py). options: the columns to read, a Hub
+    dataset's configuration and split (sources.InputOptions; default title, text). passages: also read each row's
+    passage id (options.id_column: every row must have it; None: an "id" column where there is one, else None).
+    """
+    from datasets import Dataset
+
+    options = options or InputOptions()
     if isinstance(source, Dataset):
-        articles, name = source, source.info.dataset_name or f"datasets.Dataset({len(source)} rows)"
-    else:
-        paths = _source_paths(source)
-        for path in paths:
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"article file not found: {path}")
-        name = ", ".join(paths)
-        if all(next(iter_jsonl(path), None) is None for path in paths):
-            raise ValueError(f"{name} holds no articles (empty file)")
-        features = Features({"title": Value("string"), "text": Value("string")})
-        try:
-            articles = Dataset.from_generator(
-                _article_rows, gen_kwargs={"paths": paths}, features=features, cache_dir=cache_dir
-            )
-        except Exception as error:  # datasets wraps the generator's error in a generic one: report the line's
-            cause = error
-            while cause is not None and not isinstance(cause, (JsonlError, OSError)):
-                cause = cause.__cause__ or cause.__context__
-            if isinstance(cause, JsonlError):
-                raise JsonlError(cause.path, cause.line, cause.problem) from None
-            if cause is not None:  # e.g. a full disk while datasets writes its cache: not the input's fault
-                raise cause from None
-            raise
-    for column in ("title", "text"):
+        return _dataset_articles(source, options, passages)
+    paths = _source_paths(source)
+    if all(input_kind(path) == "jsonl" for path in paths):
+        return _jsonl_articles(paths, cache_dir, options, passages), ", ".join(paths)
+
+    def jsonl_loader(path: str):
+        return _jsonl_articles([path], cache_dir, options, passages)
+
+    return load_table_articles(paths, cache_dir, options, read_ids=passages, jsonl_loader=jsonl_loader)
+
+
+def _dataset_articles(articles, options: InputOptions, passages: bool):
+    """A datasets.Dataset given in Python -> (its title/text[/passage_id] columns under the standard names, name)."""
+    name = articles.info.dataset_name or f"datasets.Dataset({len(articles)} rows)"
+    columns = options.columns(passages, articles.column_names)
+    for column in columns.values():
         if column not in articles.column_names:
             raise ValueError(f"{name} has no {column!r} field (fields: {', '.join(articles.column_names) or 'none'})")
-    return articles, name
+    return standard_columns(articles, columns, passages), name
+
+
+def _jsonl_articles(paths: list[str], cache_dir: str, options: InputOptions, passages: bool):
+    """JSONL files -> Dataset with "title", "text" (and "passage_id" when passages); errors name the file and line."""
+    from datasets import Dataset, Features, Value
+
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"article file not found: {path}")
+    name = ", ".join(paths)
+    if all(next(iter_jsonl(path), None) is None for path in paths):
+        raise ValueError(f"{name} holds no articles (empty file)")
+    features = Features({"title": Value("string"), "text": Value("string")})
+    gen_kwargs = {"paths": paths, "title_column": options.title_column, "text_column": options.text_column}
+    if passages:
+        features[PASSAGE_ID] = Value("string")
+        gen_kwargs.update(id_column=options.columns(True)[PASSAGE_ID], id_required=options.id_column is not None)
+    try:
+        return Dataset.from_generator(_article_rows, gen_kwargs=gen_kwargs, features=features, cache_dir=cache_dir)
+    except Exception as error:  # datasets wraps the generator's error in a generic one: report the line's
+        cause = error
+        while cause is not None and not isinstance(cause, (JsonlError, OSError)):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, JsonlError):
+            raise JsonlError(cause.path, cause.line, cause.problem) from None
+        if cause is not None:  # e.g. a full disk while datasets writes its cache: not the input's fault
+            raise cause from None
+        raise
 
 
 def _source_paths(source) -> list[str]:
@@ -586,9 +753,11 @@ def _corpus_folder_problem(output_dir: str) -> str | None:
     return None
 
 
-def _iter_records(blocks, batch_size: int = 4096) -> Iterator[tuple[str, str]]:
-    for batch in blocks.select_columns(["title", "text"]).iter(batch_size=batch_size):
-        yield from zip(batch["title"], batch["text"])
+def _iter_records(blocks, passage_ids: bool = False, batch_size: int = 4096) -> Iterator[tuple]:
+    """(title, text) of each block, (title, text, passage_id) with passage_ids."""
+    names = ["title", "text", PASSAGE_ID] if passage_ids else ["title", "text"]
+    for batch in blocks.select_columns(names).iter(batch_size=batch_size):
+        yield from zip(*(batch[name] for name in names))
 
 
 def _progress(iterable: Iterable, total: int, desc: str) -> Iterable:
@@ -611,12 +780,25 @@ def build_corpus(
     language: str = "en",
     progress: bool | None = None,
     deduplicate: bool = True,
+    *,
+    input_options: InputOptions | None = None,
+    passages_as_blocks: bool = False,
 ):
     """Build the knowledge corpus folder `output_dir` from articles; returns its blocks (`load_corpus(output_dir)`).
 
     source: a JSONL path (or list of paths), one {"title", "text"} object (strings) per line (other fields are ignored,
         blank lines skipped; a bad line is a JsonlError naming the file and line), or a
-        `datasets.Dataset` with "title" and "text" columns. Row i is article i (`article_id`).
+        `datasets.Dataset` with "title" and "text" columns. Row i is article i (`article_id`). Also Parquet and
+        CSV/TSV files, globs of them, folders written by datasets' save_to_disk, and a Hub dataset id, read by
+        datasets' loaders (tokenization/sources.py); a bad row is a ValueError naming the file, the 1-based row and
+        the column.
+    input_options: the title, text and id columns (JSONL: fields) to read, a Hub dataset's configuration and split
+        (sources.InputOptions; default: title, text, and id where there is one).
+    passages_as_blocks: every input row is a passage already split (DPR's 100-word passages): it becomes one block,
+        cut at a word boundary where it exceeds max_block_length (counted: corpus_config.json's num_passages_cut),
+        and its id (input_options.id_column, else the "id" column where there is one) is kept as the block's
+        passage_id, in blocks/ and in block_records.safetensors (what the retriever, `openrealm ask` and evaluate
+        report).
     tokenizer: a tokenizers-backed BERT/REALM tokenizer, or a name/path for AutoTokenizer (a REALM checkpoint folder).
     max_block_length: wordpieces of `[CLS] title [SEP] body [SEP]` per block (Google: 288).
     num_proc: processes for `datasets.map` (blocks are identical for any value, and in input order).
@@ -646,25 +828,33 @@ def build_corpus(
         inputs.append(("the tokenizer", os.fspath(tokenizer)))  # a folder replacing would delete (not a Hub name)
     check_replaceable(output_dir, overwrite, _corpus_folder_problem, inputs)  # before any (long) work
     tokenizer, tokenizer_name = resolve_tokenizer(tokenizer)
-    builder = BlockBuilder(tokenizer, max_block_length, span_annotator, page_filter, html_unescape, language)
+    builder = BlockBuilder(
+        tokenizer,
+        max_block_length,
+        span_annotator,
+        page_filter,
+        html_unescape,
+        language,
+        passages=passages_as_blocks,
+    )
     try:
         with atomic_directory(output_dir, overwrite, _corpus_folder_problem, inputs=inputs) as staging:
             # datasets' cache files: inside the staging folder, removed below
             scratch = os.path.join(staging, ".scratch")
-            articles, builder.source_name = load_articles(source, scratch)
-            blocks = pack_articles(
+            articles, builder.source_name = load_articles(source, scratch, input_options, passages_as_blocks)
+            blocks, num_cut = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
             blocks, num_duplicates = drop_duplicate_blocks(blocks, scratch, deduplicate)
-            num_articles = len(np.unique(blocks.data.column("article_id").to_numpy()))
+            num_articles = count_distinct_in_order(blocks.data.column("article_id"))
             # Block ids are row numbers, known only once every process has packed its share.
             blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
-            blocks.select_columns(list(COLUMNS)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
+            blocks.select_columns(block_columns(passages_as_blocks)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
             num_input_articles, num_blocks = len(articles), len(blocks)
             del blocks, articles
             shutil.rmtree(scratch, ignore_errors=True)
             saved = load_from_disk(os.path.join(staging, BLOCKS_DIR))
-            _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved)
+            _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved, passages_as_blocks)
             tokenizer.save_pretrained(staging)
             config = {
                 "format": CORPUS_FORMAT,
@@ -681,6 +871,8 @@ def build_corpus(
                 "html_unescape": html_unescape,
                 "language": language,
                 "deduplicate": deduplicate,
+                "passages_as_blocks": passages_as_blocks,
+                "num_passages_cut": num_cut,
                 "num_duplicate_blocks": 0 if deduplicate else num_duplicates,
                 "num_duplicates_dropped": num_duplicates if deduplicate else 0,
                 "source": builder.source_name,
@@ -721,21 +913,25 @@ def pack_articles(
     batch_size: int = 256,
     first_id: int = 0,
     progress: bool | None = None,
-):
-    """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> their blocks (all COLUMNS but
-    block_id), in article order; datasets' cache files go to `scratch`. Refuses input that makes no block. progress:
-    show the "Packing articles into blocks" bar or not, whatever datasets' setting (None: follow it)."""
+) -> tuple[Any, int]:
+    """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> (their blocks (all COLUMNS but
+    block_id), in article order; the number of passages cut to fit a block (builder.passages; else 0)). With
+    builder.passages the articles also hold "passage_id", and so do the blocks. datasets' cache files go to
+    `scratch`. Refuses input that makes no block. progress: show the "Packing articles into blocks" bar or not,
+    whatever datasets' setting (None: follow it)."""
     from datasets import Value
 
-    features = block_features()
+    features = block_features(passages=builder.passages)
     del features["block_id"]
+    if builder.passages:
+        features["cut"] = Value("bool")
     with datasets_progress_bars(progress):
         blocks = articles.map(
             builder,
             batched=True,
             batch_size=batch_size,
             with_indices=True,
-            input_columns=["title", "text"],
+            input_columns=["title", "text", PASSAGE_ID] if builder.passages else ["title", "text"],
             remove_columns=articles.column_names,
             features=features,
             num_proc=num_proc if num_proc > 1 else None,
@@ -749,7 +945,13 @@ def pack_articles(
     if first_id:
         shifted = blocks.data.column("article_id").to_numpy() + first_id
         blocks = blocks.remove_columns("article_id").add_column("article_id", shifted, feature=Value("int64"))
-    return blocks
+    num_cut = 0
+    if builder.passages:
+        import pyarrow.compute as pc
+
+        num_cut = int(pc.sum(blocks.data.column("cut")).as_py() or 0)
+        blocks = blocks.remove_columns("cut")
+    return blocks, num_cut
 
 
 def read_removed_block_ids(directory: str | os.PathLike) -> np.ndarray:
@@ -784,9 +986,14 @@ def write_removed_block_ids(path: str | os.PathLike, ids: np.ndarray) -> None:
     save_file({"removed_ids": np.asarray(ids, dtype=np.int64)}, os.fspath(path))
 
 
-def _write_block_records(path: str, blocks) -> None:
-    records = _progress(_iter_records(blocks), len(blocks), "Writing block records")
-    BlockRecords.write(path, records, num_blocks_hint=len(blocks))
+def _write_block_records(path: str, blocks, passage_ids: bool = False) -> None:
+    records = _progress(_iter_records(blocks, passage_ids), len(blocks), "Writing block records")
+    BlockRecords.write(path, records, num_blocks_hint=len(blocks), passage_ids=passage_ids)
+
+
+def block_columns(passages: bool) -> list[str]:
+    """The columns of a corpus's blocks/ dataset: COLUMNS, and passage_id in a corpus of passages."""
+    return [*COLUMNS, PASSAGE_ID] if passages else list(COLUMNS)
 
 
 def _version(package: str) -> str:
@@ -843,7 +1050,11 @@ def load_corpus(directory: str | os.PathLike):
         blocks = load_from_disk(blocks_dir)
     except Exception as error:  # noqa: BLE001 - datasets raises several types for a damaged folder
         raise ValueError(f"cannot load the blocks dataset {blocks_dir}: {error}") from error
-    missing = [column for column in COLUMNS if column not in blocks.column_names]
+    missing = [
+        column
+        for column in block_columns(config.get("passages_as_blocks", False))
+        if column not in blocks.column_names
+    ]
     if missing:
         raise ValueError(f"{blocks_dir} lacks the column(s) {', '.join(missing)}")
     if len(blocks) != config["num_blocks"]:
@@ -969,6 +1180,8 @@ def run(args: argparse.Namespace) -> int:
         from openrealm.tokenization.salient_spans import make_span_annotator
 
         span_annotator = make_span_annotator(args.spans)  # picklable; loads its model lazily in each process
+    if args.id_column is not None and not args.passages_as_blocks:
+        raise ValueError("--id-column names the passage ids of --passages-as-blocks; pass both, or neither")
     blocks = build_corpus(  # errors: one line and the exit status from the command line (trainers/cli.py)
         args.input if len(args.input) > 1 else args.input[0],
         args.output,
@@ -981,16 +1194,32 @@ def run(args: argparse.Namespace) -> int:
         page_filter=not args.no_page_filter,
         progress=not args.quiet,
         deduplicate=args.deduplicate,
+        input_options=input_options_of(args),
+        passages_as_blocks=args.passages_as_blocks,
     )
     config = read_corpus_config(args.output)
+    rows = "passages" if args.passages_as_blocks else "articles"
     print(
-        f"Wrote {len(blocks)} blocks from {config['num_articles']} articles to {os.path.abspath(args.output)}"
+        f"Wrote {len(blocks)} blocks from {config['num_articles']} {rows} to {os.path.abspath(args.output)}"
         + duplicates_note(config["num_duplicates_dropped"])
+        + passages_cut_note(config.get("num_passages_cut", 0), config["max_block_length"])
     )
     warning = duplicates_warning(config["num_duplicate_blocks"], len(blocks))
     if warning:
         print(f"openrealm corpus build: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def input_options_of(args: argparse.Namespace) -> InputOptions:
+    """How to read --input, from the options that trainers/options.input_options adds."""
+    return InputOptions(args.title_column, args.text_column, args.id_column, args.input_name, args.split)
+
+
+def passages_cut_note(num_cut: int, max_block_length: int) -> str:
+    """The end of a corpus command's summary line when passages were cut to fit a block ("" when none)."""
+    if not num_cut:
+        return ""
+    return f" ({num_cut} passage(s) longer than {max_block_length} wordpieces with their title: cut to fit one block)"
 
 
 def duplicates_note(dropped: int) -> str:

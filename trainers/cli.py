@@ -5,6 +5,7 @@ openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overw
 openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
 openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
 openrealm corpus build --input FILE.jsonl --output DIR [--spans spacy|regex|MODEL]      # knowledge corpus
+openrealm corpus build --input psgs_w100.tsv --output DIR --passages-as-blocks         # also Parquet, datasets, Hub
 openrealm corpus add|update --corpus DIR --input FILE.jsonl                             # new version: blocks added
 openrealm corpus remove --corpus DIR --titles TITLE ... | --ids ID ...                  # never retrieved again
 openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N                # ICT warm start
@@ -46,7 +47,7 @@ JOBS = {
     ),
     ("corpus", "build"): (
         "openrealm.tokenization.corpus",
-        "build a knowledge corpus of blocks from JSONL articles",
+        "build a knowledge corpus of blocks from articles or passages (JSONL, Parquet, CSV/TSV, datasets, the Hub)",
         "corpus_build",
     ),
     ("corpus", "add"): (
@@ -206,8 +207,9 @@ def run_ask(args: argparse.Namespace) -> int:
         print(f"Q: {printable(question)}")
         for answer in answers:  # text of the corpus, which may come from anyone's Hub repo
             print(f"  A: {printable(answer['answer'])}  (score {answer['score']:.3f})")
+            passage = f" (passage {printable(answer['passage_id'])})" if answer.get("passage_id") is not None else ""
             print(
-                f"     block {answer['block_id']} [{printable(answer['title'])}] retrieval score "
+                f"     block {answer['block_id']}{passage} [{printable(answer['title'])}] retrieval score "
                 f"{answer['retrieval_score']:.3f}"
             )
             print(f"     {printable(answer['text'][:300])}")

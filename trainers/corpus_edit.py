@@ -44,23 +44,26 @@ from openrealm.file_utils import atomic_directory, link_or_copy, writer_lock
 from openrealm.retrieval_realm import BLOCK_INDEX_DIR, BLOCK_RECORDS_NAME
 from openrealm.tokenization.corpus import (
     BLOCKS_DIR,
-    COLUMNS,
     CONFIG_NAME,
     MAX_BLOCK_LENGTH,
     REMOVED_IDS_NAME,
     BlockBuilder,
     annotator_names,
+    block_columns,
     count_duplicate_blocks,
     drop_duplicate_blocks,
     duplicates_note,
     duplicates_warning,
+    input_options_of,
     load_articles,
     load_corpus,
     pack_articles,
+    passages_cut_note,
     read_corpus_config,
     read_removed_block_ids,
     write_removed_block_ids,
 )
+from openrealm.tokenization.sources import PASSAGE_ID, InputOptions
 from openrealm.trainers.index_builder import embed_blocks
 from openrealm.trainers.towers import load_embedder
 
@@ -94,11 +97,14 @@ def edit_corpus(
     num_proc: int = 1,
     progress: bool = True,
     deduplicate: bool | None = None,
+    input_options: InputOptions | None = None,
 ) -> dict:
-    """Write the next version of `folder` with the articles of `add` (a JSONL path or a datasets.Dataset with
-    "title", "text") added as new blocks, and the blocks of `remove_titles` / `remove_ids` removed; with `replace`,
-    the live blocks of the added articles' titles are removed first (an update). Returns a summary: version,
-    added_block_ids [first, stop), removed_block_ids, num_blocks, num_searchable, needs_rebuild.
+    """Write the next version of `folder` with the articles of `add` (what corpus build reads: JSONL, Parquet, CSV/TSV
+    files or globs, a save_to_disk folder, a Hub dataset id, or a datasets.Dataset with "title", "text"; how to read
+    it: input_options, tokenization.sources.InputOptions) added as new blocks, and the blocks of `remove_titles` /
+    `remove_ids` removed; with `replace`, the live blocks of the added articles' titles are removed first (an
+    update). Returns a summary: version, added_block_ids [first, stop), removed_block_ids, num_blocks, num_searchable,
+    needs_rebuild.
 
     embedder: for an index without an embedder snapshot (a RealmEmbedder or a checkpoint for towers.load_embedder);
     span_annotator: salient spans of the new blocks in a corpus folder (as corpus build's).
@@ -125,7 +131,17 @@ def edit_corpus(
         new_blocks = None
         if add is not None:
             scratch = os.path.join(staging, ".scratch")
-            articles, source_name = load_articles(add, scratch)
+            # A corpus of passages (corpus build --passages-as-blocks) takes passages, one block each, with their ids.
+            if is_corpus:
+                passages = config.get("passages_as_blocks", False)
+            else:  # a model folder: as the corpus its records were copied from
+                passages = retriever.block_records.has_passage_ids
+            if input_options is not None and input_options.id_column is not None and not passages:
+                raise ValueError(
+                    f"--id-column names passage ids, but {folder} is not a corpus of passages (corpus build "
+                    "--passages-as-blocks)"
+                )
+            articles, source_name = load_articles(add, scratch, input_options, passages)
             titles = sorted(set(articles["title"]))
             existing = retriever.block_ids_of_titles(titles, exclude=removed_before)
             if existing and not replace:
@@ -143,9 +159,11 @@ def edit_corpus(
                 html_unescape=(config or {}).get("html_unescape", True),
                 language=(config or {}).get("language", "en"),
                 source_name=source_name,
+                passages=passages,
             )
             first_article = (config or {}).get("num_input_articles", 0)
-            new_blocks = pack_articles(articles, builder, scratch, num_proc=num_proc, first_id=first_article)
+            new_blocks, num_cut = pack_articles(articles, builder, scratch, num_proc=num_proc, first_id=first_article)
+            summary.update(num_passages_cut=num_cut, max_block_length=builder.max_block_length)
             # A live block of an added title is refused (add) or removed first (update), so only the added articles
             # can repeat a block (a duplicate has the title of the block it copies).
             if deduplicate is None:
@@ -156,7 +174,7 @@ def edit_corpus(
             from datasets import Value
 
             new_blocks = new_blocks.add_column("block_id", new_ids, feature=Value("int64"))
-            new_blocks = new_blocks.select_columns(list(COLUMNS))
+            new_blocks = new_blocks.select_columns(block_columns(passages))
             block_emb = None
             if retriever.has_index:
                 index = retriever.index
@@ -171,7 +189,12 @@ def edit_corpus(
                     max_length=index.metadata.get("max_length", MAX_BLOCK_LENGTH),
                     progress=progress,
                 )
-            retriever.add_blocks(new_blocks["title"], new_blocks["text"], block_emb=block_emb)
+            retriever.add_blocks(
+                new_blocks["title"],
+                new_blocks["text"],
+                block_emb=block_emb,
+                passage_ids=new_blocks[PASSAGE_ID] if passages else None,
+            )
             summary.update(added_block_ids=[int(num_before), int(num_before + len(new_blocks))], source=source_name)
         if len(to_remove) and retriever.has_index:
             retriever.remove_blocks(to_remove)
@@ -181,7 +204,15 @@ def edit_corpus(
             num_input = len(articles) if add is not None else 0
             num_dropped = summary["num_duplicates"] if summary.get("duplicates_dropped") else 0
             written = _write_corpus_files(
-                folder, staging, config, new_blocks, num_input, removed, span_annotator, num_dropped
+                folder,
+                staging,
+                config,
+                new_blocks,
+                num_input,
+                removed,
+                span_annotator,
+                num_dropped,
+                summary.get("num_passages_cut", 0),
             )
             summary["num_duplicate_blocks"] = written["num_duplicate_blocks"]
         if new_blocks is not None:
@@ -235,10 +266,12 @@ def _block_embedder(index, embedder, folder: str) -> torch.nn.Module:
     return stored
 
 
-def _write_corpus_files(folder, staging, config, new_blocks, num_input, removed, span_annotator, num_dropped) -> dict:
+def _write_corpus_files(
+    folder, staging, config, new_blocks, num_input, removed, span_annotator, num_dropped, num_cut=0
+) -> dict:
     """blocks/ (the old Arrow files hard-linked, the new blocks in one more file), removed ids, corpus_config.json.
     num_input: the articles read for new_blocks, page-filtered ones included; num_dropped: duplicate blocks of theirs
-    left out. Returns the config written."""
+    left out; num_cut: passages of theirs cut to fit a block. Returns the config written."""
     old_dir, new_dir = Path(folder) / BLOCKS_DIR, Path(staging) / BLOCKS_DIR
     state = json.loads((old_dir / "state.json").read_text())
     new_dir.mkdir()
@@ -266,6 +299,8 @@ def _write_corpus_files(folder, staging, config, new_blocks, num_input, removed,
     config["num_duplicate_blocks"] = count_duplicate_blocks(uids, removed)  # the live blocks, after this edit
     if num_dropped:
         config["num_duplicates_dropped"] = config.get("num_duplicates_dropped", 0) + num_dropped
+    if num_cut:
+        config["num_passages_cut"] = config.get("num_passages_cut", 0) + num_cut
     if new_blocks is not None:
         # every input row took an article id, also those the page filter dropped: the next add starts after them
         config["num_input_articles"] = config.get("num_input_articles", 0) + num_input
@@ -306,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             progress=not args.quiet,
             deduplicate=args.deduplicate,
+            input_options=input_options_of(args),
         )
     else:
         kwargs = dict(remove_titles=args.titles or (), remove_ids=args.ids or ())
@@ -324,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
             else " (no index yet)"
         )
         + duplicates_note(summary.get("num_duplicates", 0) if summary.get("duplicates_dropped") else 0)
+        + passages_cut_note(summary.get("num_passages_cut", 0), summary.get("max_block_length", MAX_BLOCK_LENGTH))
     )
     if summary.get("num_duplicates") and not summary["duplicates_dropped"]:  # kept: --no-deduplicate
         held = summary.get("num_duplicate_blocks", summary["num_duplicates"])  # a corpus folder's count: all live

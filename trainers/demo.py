@@ -73,6 +73,12 @@ def title_html(title: str) -> str:
     return html.escape(title) if title else "<i>untitled</i>"
 
 
+def block_name(item: dict) -> str:
+    """ "block 17", or "block 17, passage 18" for a corpus of passages (`corpus build --passages-as-blocks`)."""
+    passage = item.get("passage_id")
+    return f"block {item['block_id']}" + (f", passage {html.escape(passage)}" if passage is not None else "")
+
+
 def answers_html(answers: list[dict]) -> str:
     """One card per answer: the answer and its probability, then the block it was read from (title, block id,
     retrieval score) with the answer highlighted in the block's text."""
@@ -86,7 +92,7 @@ def answers_html(answers: list[dict]) -> str:
             f"{html.escape(answer['answer'])}</span> "
             f'<span style="{META_STYLE}">probability {answer["score"]:.1%}</span></div>'
             f'<div style="{META_STYLE}">from <b class="realm-title">{title_html(answer["title"])}</b> '
-            f"(block {answer['block_id']}, retrieval score {answer['retrieval_score']:.2f})</div>"
+            f"({block_name(answer)}, retrieval score {answer['retrieval_score']:.2f})</div>"
             f'<p class="realm-block">{highlight(answer["text"], answer["start"], answer["end"])}</p>'
             "</div>"
         )
@@ -105,7 +111,7 @@ def blocks_html(blocks: list[dict], answers: list[dict]) -> str:
         rows.append(
             f'<div class="realm-retrieved" style="{CARD_STYLE}">'
             f"<div><b>#{rank}</b> <b>{title_html(block['title'])}</b> "
-            f'<span style="{META_STYLE}">block {block["block_id"]}, retrieval score '
+            f'<span style="{META_STYLE}">{block_name(block)}, retrieval score '
             f"{block['retrieval_score']:.2f}, {status}</span></div>"
             f"<p>{html.escape(block['text'])}</p></div>"
         )

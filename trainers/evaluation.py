@@ -23,6 +23,7 @@ import torch
 
 from openrealm.file_utils import check_apart, write_text_atomic
 from openrealm.tokenization.corpus import iter_jsonl, json_type
+from openrealm.tokenization.sources import is_hub_name, load_hub_dataset
 from openrealm.trainers.options import DEFAULT_RECALL_KS
 from openrealm.trainers.options import evaluate as evaluate_options
 from openrealm.trainers.towers import check_model_folder
@@ -170,9 +171,7 @@ def _local_file(path_or_name: str, split: str | None) -> Path | None:
             if (path / f"{name}.jsonl").is_file():
                 return path / f"{name}.jsonl"
         raise FileNotFoundError(f"{path} holds no {' or '.join(f'{name}.jsonl' for name in candidates)}")
-    # A Hub name is `name` or `owner/name`; anything else that looks like a path must exist.
-    looks_like_path = path.suffix in (".jsonl", ".json") or path_or_name.startswith((".", "/", "~"))
-    if looks_like_path or path_or_name.count("/") > 1:
+    if not is_hub_name(path_or_name, (".jsonl", ".json")):  # a Hub name is `name` or `owner/name`; a path must exist
         raise FileNotFoundError(f"No such dataset file or folder: {path}")
     return None
 
@@ -184,23 +183,6 @@ def dataset_identity(path_or_name: str, split: str | None = None) -> tuple[str, 
     if local is None:
         return str(path_or_name), split
     return local.absolute().parent.name, local.stem
-
-
-def _load_hub_dataset(name: str, split: str | None):
-    import datasets
-
-    try:
-        loaded = datasets.load_dataset(name, split=split)
-    except Exception as error:  # offline, unknown name, ...: say what was tried
-        raise FileNotFoundError(
-            f"{name!r} is neither a local JSONL file/folder nor a loadable Hub dataset ({type(error).__name__}: {error})"
-        ) from error
-    if isinstance(loaded, datasets.DatasetDict):
-        available = [split_name for split_name in EVALUATION_SPLITS if split_name in loaded]
-        if not available:
-            raise ValueError(f"Hub dataset {name!r} has splits {sorted(loaded)}; pass split=")
-        loaded = loaded[available[0]]
-    return loaded
 
 
 def load_qa_dataset(path_or_name: str, split: str | None = None):
@@ -215,7 +197,7 @@ def load_qa_dataset(path_or_name: str, split: str | None = None):
     if local is not None:
         examples = read_qa_jsonl(local)
     else:
-        hub = _load_hub_dataset(str(path_or_name), split)
+        hub = load_hub_dataset(str(path_or_name), split, splits=EVALUATION_SPLITS, local="JSONL file/folder")
         examples = [qa_example(dict(row), f"{path_or_name}, row index {number}") for number, row in enumerate(hub)]
         if not examples:
             raise ValueError(f"Hub dataset {path_or_name!r} holds no questions")
@@ -285,6 +267,15 @@ def _predict_batch(model, rows: list[dict], num_read: int, num_retrieved: int, b
     return predictions
 
 
+def passage_ids_of(records, block_ids: list[int], predicted_block_id: int) -> dict:
+    """{"passage_ids": [of block_ids], "predicted_passage_id"} when the corpus stores passage ids (`corpus build
+    --passages-as-blocks`, e.g. DPR's), else {}: what a per-question prediction adds to name the passages read."""
+    if not getattr(records, "has_passage_ids", False):
+        return {}
+    passage_ids = records.passage_ids([*block_ids, predicted_block_id])
+    return {"passage_ids": passage_ids[:-1], "predicted_passage_id": passage_ids[-1]}
+
+
 def evaluate_open_qa(
     model,
     dataset,
@@ -301,7 +292,8 @@ def evaluate_open_qa(
     retrieved by its index, or by `block_searcher.search(questions, k) -> LongTensor [B, k]` (e.g. BM25).
     Returns percentages: exact_match (regex match for regex rows), recall@k (some top-k block holds an answer; k is
     capped at the corpus size, and "notes" then says so for each such k), reader_oracle (some read block holds an
-    answer); count, num_blocks, corpus_size, and predictions (question, prediction, answers, correct, block_ids read).
+    answer); count, num_blocks, corpus_size, and predictions (question, prediction, answers, correct, block_ids read;
+    with a corpus of passages, their passage_ids and predicted_passage_id).
     """
     rows = _rows(dataset)
     if not rows:
@@ -322,6 +314,7 @@ def evaluate_open_qa(
         for k in ks
         if k > corpus_size
     ]
+    records = model.retriever.block_records
     hits = {k: 0 for k in ks}
     oracle = correct_count = 0
     predictions = []
@@ -354,6 +347,7 @@ def evaluate_open_qa(
                             "correct": bool(correct),
                             "block_ids": result["block_ids"][:num_read],
                             "predicted_block_id": result["predicted_block_id"],
+                            **passage_ids_of(records, result["block_ids"][:num_read], result["predicted_block_id"]),
                         }
                     )
     finally:

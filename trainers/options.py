@@ -97,7 +97,7 @@ def index_param(text: str) -> tuple[str, int]:
 
 def corpus_build(parser: argparse.ArgumentParser) -> None:
     """Arguments of `openrealm corpus build`."""
-    parser.add_argument("--input", required=True, nargs="+", help="JSONL file(s), one {title, text} per line")
+    input_options(parser)
     parser.add_argument("--output", required=True, help="corpus folder to write (must not exist unless --overwrite)")
     parser.add_argument(
         "--tokenizer",
@@ -117,8 +117,36 @@ def corpus_build(parser: argparse.ArgumentParser) -> None:
         "--no-page-filter", action="store_true", help="keep List of/Index of/Outline of/disambiguation pages"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing corpus at --output")
+    parser.add_argument(
+        "--passages-as-blocks",
+        action="store_true",
+        help="each input row is a passage already split (e.g. DPR's psgs_w100.tsv): one block each, cut where it "
+        "exceeds --max-block-length, its id (--id-column) kept and shown with answers; corpus add/update follow",
+    )
     deduplicate_option(parser, default=True)
     output_options(parser)
+
+
+def input_options(parser: argparse.ArgumentParser) -> None:
+    """--input and how to read it, of corpus build / add / update (tokenization/sources.py; docs/corpus.md)."""
+    parser.add_argument(
+        "--input",
+        required=True,
+        nargs="+",
+        help="articles: JSONL file(s) ({title, text} per line), Parquet or CSV/TSV file(s) or globs of them, a folder "
+        "written by datasets' save_to_disk, or a Hub dataset id",
+    )
+    parser.add_argument("--title-column", default="title", help="column (JSONL: field) of the titles (default title)")
+    parser.add_argument("--text-column", default="text", help="column (JSONL: field) of the texts (default text)")
+    parser.add_argument(
+        "--id-column",
+        default=None,
+        help="column of the passage ids kept with --passages-as-blocks (default: id, where the input has it)",
+    )
+    parser.add_argument("--input-name", default=None, help="configuration of a Hub dataset (e.g. 20231101.en)")
+    parser.add_argument(
+        "--split", default=None, help="split of a Hub dataset or save_to_disk folder (default: train, or the only one)"
+    )
 
 
 def deduplicate_option(parser: argparse.ArgumentParser, default: bool | None) -> None:
@@ -152,7 +180,7 @@ def corpus_remove(parser: argparse.ArgumentParser) -> None:
 def _corpus_edit(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--corpus", required=True, help="corpus folder (corpus build) or retriever/model folder")
     if command in ("add", "update"):
-        parser.add_argument("--input", required=True, nargs="+", help="JSONL file(s), one {title, text} per line")
+        input_options(parser)
         parser.add_argument(
             "--embedder",
             default=None,

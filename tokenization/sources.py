@@ -1,0 +1,381 @@
+"""Where articles and passages come from: the tables users already have, read through `datasets`' own loaders.
+
+    openrealm corpus build --input psgs_w100.tsv ...                     # DPR's passages: id, text, title (a TSV)
+    openrealm corpus build --input 'wiki/*.parquet' ...                  # Parquet files (a glob)
+    openrealm corpus build --input my_saved_dataset/ ...                 # a folder written by datasets' save_to_disk
+    openrealm corpus build --input wikimedia/wikipedia --input-name 20231101.en --split train ...   # a Hub dataset
+
+Kinds of input (`input_kind`): a file ending in .parquet; .csv or .tsv (optionally .gz, .bz2, .xz); any other
+file is JSONL (read by tokenization.corpus.iter_jsonl, as always); a folder written by `save_to_disk`; a glob of
+files; anything else shaped like `name` or `owner/name` that is not a local path is a Hub dataset id. Parquet and CSV
+are read by `datasets.load_dataset("parquet" | "csv")` into an Arrow file of the build's scratch folder (removed when
+the build ends); a save_to_disk folder and a Hub dataset (in the Hugging Face cache) are memory-mapped where they
+are, with no copy of their rows. CSV/TSV cells are read as text: no column is guessed to be a number, and "NA",
+"null" or "" stay the strings they are (DPR's TSV holds such titles).
+
+Each table is checked before any block is made: the title and text columns (and the id column when asked for) must
+be there (the error names the columns found) and hold strings, with no missing value (the error names the file and
+the 1-based row, header not counted). A CSV/TSV row must have as many cells as the header, and be UTF-8: pandas, which
+datasets reads CSV with, would fill a short row with empty strings and drop extra cells, so one pass of Python's csv
+module (the reader DPR's own code uses) checks every row first and names the file, row and line of a bad one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# The columns read by default: those of DPR's psgs_w100.tsv (id, text, title) and of the Hub's wikimedia/wikipedia
+# (id, url, title, text). The id column is read, when present, only for a corpus of passages (--passages-as-blocks).
+TITLE_COLUMN, TEXT_COLUMN, ID_COLUMN = "title", "text", "id"
+PASSAGE_ID = "passage_id"  # the name of the id column in the articles given to the block builder and in blocks/
+_COMPRESSIONS = ("", ".gz", ".bz2", ".xz")
+TABLE_SUFFIXES = {
+    **{f".parquet{c}": "parquet" for c in ("",)},
+    **{f".csv{c}": "csv" for c in _COMPRESSIONS},
+    **{f".tsv{c}": "tsv" for c in _COMPRESSIONS},
+}
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """How to read an --input (the options of corpus build / add / update, trainers/options.input_options).
+
+    title_column, text_column: the columns (JSONL: fields) of the title and the text. id_column: of the passage ids,
+    read for a corpus of passages only (--passages-as-blocks): None reads "id" where a source has it, a name requires
+    it in every source. input_name, split: the configuration and split of a Hub dataset (`load_dataset(name,
+    input_name, split=split)`) or the split of a saved DatasetDict; without split, "train" or the only one."""
+
+    title_column: str = TITLE_COLUMN
+    text_column: str = TEXT_COLUMN
+    id_column: str | None = None
+    input_name: str | None = None
+    split: str | None = None
+
+    def columns(self, read_ids: bool, found: Sequence[str] | None = None) -> dict[str, str]:
+        """{standard name: column} to read: title, text and, with read_ids, passage_id where there is one (the
+        id_column, else "id" when it is among `found`; found None: a source whose columns are not known ahead)."""
+        columns = {"title": self.title_column, "text": self.text_column}
+        if read_ids and (self.id_column is not None or found is None or ID_COLUMN in found):
+            columns[PASSAGE_ID] = self.id_column or ID_COLUMN
+        return columns
+
+
+# Splits tried, in order, when a dataset with several splits is named without one (a corpus: train first).
+CORPUS_SPLITS = ("train",)
+_GLOB_CHARACTERS = frozenset("*?[")
+
+
+def table_suffix(path: str) -> str | None:
+    """ "parquet", "csv" or "tsv" for a path ending in a table suffix (TABLE_SUFFIXES), else None."""
+    name = os.path.basename(path).lower()
+    for suffix, kind in TABLE_SUFFIXES.items():
+        if name.endswith(suffix):
+            return kind
+    return None
+
+
+def is_hub_name(text: str, local_suffixes: Sequence[str] = ()) -> bool:
+    """Whether text names a Hub dataset rather than a local path: `name` or `owner/name`, not starting with ".",
+    "/" or "~", not ending in one of local_suffixes (nor a table suffix), and not an existing path."""
+    path = Path(text).expanduser()
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
+        return False
+    return path.suffix.lower() not in local_suffixes and table_suffix(text) is None
+
+
+def input_kind(source: str) -> str:
+    """What one --input names: "glob", "folder", "parquet", "csv", "tsv", "jsonl" (any other file) or "hub"."""
+    if _GLOB_CHARACTERS & set(source) and not os.path.exists(source):
+        return "glob"
+    if os.path.isdir(source):
+        return "folder"
+    kind = table_suffix(source)
+    if kind is not None or os.path.isfile(source):
+        return kind or "jsonl"
+    if is_hub_name(source, (".jsonl", ".json")):
+        return "hub"
+    raise FileNotFoundError(f"article file not found: {source}")
+
+
+def expand_inputs(sources: Sequence[str]) -> list[tuple[str, str]]:
+    """(kind, path or name) of every input, globs expanded (sorted; a glob matching nothing is an error)."""
+    expanded = []
+    for source in sources:
+        source = os.path.expanduser(os.fspath(source))
+        kind = input_kind(source)
+        if kind != "glob":
+            expanded.append((kind, source))
+            continue
+        matches = sorted(glob.glob(source, recursive=True))
+        matches = [match for match in matches if os.path.isfile(match)]
+        if not matches:
+            raise FileNotFoundError(f"no file matches --input {source}")
+        for match in matches:
+            kind = table_suffix(match) or "jsonl"
+            expanded.append((kind, match))
+    return expanded
+
+
+def load_hub_dataset(
+    name: str,
+    split: str | None,
+    config_name: str | None = None,
+    splits: Sequence[str] = (),
+    local: str = "file/folder",
+):
+    """`datasets.load_dataset(name, config_name, split=split)` as one Dataset: without split, the first of `splits`
+    the dataset has (or its only split). Errors say what was tried (offline, unknown name, ...; local: what a local
+    input would have been, for the message)."""
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(*(name,) if config_name is None else (name, config_name), split=split)
+    except Exception as error:  # noqa: BLE001 - offline, unknown name, ...: say what was tried
+        raise FileNotFoundError(
+            f"{name!r} is neither a local {local} nor a loadable Hub dataset ({type(error).__name__}: {error})"
+        ) from error
+    return _one_split(loaded, f"Hub dataset {name!r}", split, splits)
+
+
+def _one_split(loaded, where: str, split: str | None, splits: Sequence[str]):
+    """One Dataset of a Dataset or DatasetDict: `split`, else the first of `splits` present, else its only split."""
+    import datasets
+
+    if not isinstance(loaded, datasets.DatasetDict):
+        return loaded
+    if split is not None:
+        if split not in loaded:
+            raise ValueError(f"{where} has no split {split!r} (splits: {', '.join(sorted(loaded))})")
+        return loaded[split]
+    available = [name for name in splits if name in loaded]
+    if available:
+        return loaded[available[0]]
+    if len(loaded) == 1:
+        return next(iter(loaded.values()))
+    raise ValueError(f"{where} has splits {', '.join(sorted(loaded))}; choose one with --split")
+
+
+def _load_folder(path: str, split: str | None):
+    from datasets import load_from_disk
+
+    try:
+        loaded = load_from_disk(path)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(
+            f"{path} is a folder but not one written by datasets' save_to_disk (give the files in it, or a glob): "
+            f"{error}"
+        ) from None
+    return _one_split(loaded, path, split, CORPUS_SPLITS)
+
+
+def _read_table_file(path: str, kind: str, columns: list[str], cache_dir: str):
+    """One Parquet or CSV/TSV file as a Dataset of `columns` (all read as strings from CSV), via load_dataset."""
+    from datasets import Features, Value, load_dataset
+
+    if kind == "parquet":
+        kwargs = {"columns": columns}
+    else:
+        kwargs = {
+            "sep": "\t" if kind == "tsv" else ",",
+            "usecols": columns,
+            "features": Features({column: Value("string") for column in columns}),
+            "keep_default_na": False,  # a title "NA" or "null" is text, not a missing value
+            "na_filter": False,
+        }
+    try:
+        return load_dataset(
+            kind if kind == "parquet" else "csv", data_files=[path], split="train", cache_dir=cache_dir, **kwargs
+        )
+    except Exception as error:  # noqa: BLE001 - datasets wraps pandas' / pyarrow's error: report that one
+        cause = error
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
+            raise cause from None  # e.g. a full disk while datasets writes its cache: not the input's fault
+        raise ValueError(f"{path}: cannot read it as {kind.upper()}: {type(cause).__name__}: {cause}") from None
+
+
+def _open_text(path: str):
+    """A text stream of a CSV/TSV file, decompressed by its suffix (.gz, .bz2, .xz), strict UTF-8."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(Path(path).suffix.lower(), open)
+    return opener(path, "rt", encoding="utf-8", newline="")
+
+
+def check_csv_rows(path: str, kind: str) -> None:
+    """Every row of a CSV/TSV file has the header's number of cells and is UTF-8 text; a ValueError naming the file,
+    the 1-based row (header not counted) and its line otherwise. One streaming pass, constant memory."""
+    import csv
+
+    csv.field_size_limit(2**31 - 1)  # a passage may exceed the module's default 128 KiB per cell
+    with _open_text(path) as f:
+        reader = csv.reader(f, delimiter="\t" if kind == "tsv" else ",")
+        try:
+            header = next(reader, None)
+            for row_number, row in enumerate(reader, start=1):
+                if len(row) != len(header):
+                    raise ValueError(
+                        f"{path}, row {row_number} (line {reader.line_num}): {len(row)} cell(s), but the header has "
+                        f"{len(header)} ({', '.join(header)})"
+                    )
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not UTF-8 text after line {reader.line_num} ({error.reason})") from None
+        except csv.Error as error:
+            raise ValueError(f"{path}, line {reader.line_num}: {error}") from None
+
+
+def _columns_of(path: str, kind: str) -> dict[str, str]:
+    """{column: Arrow type name} of a Parquet file's schema or a CSV/TSV file's header (every CSV column: string)."""
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(path)
+        except Exception as error:  # noqa: BLE001 - pyarrow raises ArrowInvalid and others for a damaged file
+            raise ValueError(f"{path} is not a readable Parquet file: {error}") from None
+        return {field.name: str(field.type) for field in schema}
+    import pandas as pd
+
+    try:
+        header = pd.read_csv(path, sep="\t" if kind == "tsv" else ",", nrows=0, encoding="utf-8")
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
+        raise ValueError(f"{path}: cannot read a {kind.upper()} header: {error}") from None
+    return {str(column): "string" for column in header.columns}
+
+
+_STRING_TYPES = ("string", "large_string")
+_ID_TYPES = (*_STRING_TYPES, "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def _check_columns(found: dict[str, str], where: str, wanted: dict[str, str | None], id_required: bool) -> None:
+    """Refuse a table lacking a wanted column or holding it with the wrong type; the message lists what is there."""
+    listing = ", ".join(found) or "none"
+    for role, column in wanted.items():
+        if column is None:
+            continue
+        if column not in found:
+            if role == "id" and not id_required:
+                continue
+            flag = f"--{role}-column"
+            raise ValueError(
+                f"{where} has no column {column!r} (columns: {listing}); name the {role} column with {flag}"
+            )
+        allowed = _ID_TYPES if role == "id" else _STRING_TYPES
+        if found[column] not in allowed:
+            raise ValueError(
+                f"{where}: column {column!r} ({role}) holds {found[column]}, not "
+                + ("strings or integers" if role == "id" else "strings")
+                + f" (columns: {listing})"
+            )
+
+
+def _check_no_missing(table, where: str, columns: dict[str, str]) -> None:
+    """The first missing (null) value of the standard columns of `table`, named by file/row (1-based) and column."""
+    import pyarrow.compute as pc
+
+    for standard, column in columns.items():
+        values = table.column(standard)
+        if values.null_count:
+            row = pc.index(pc.is_null(values), True).as_py()
+            raise ValueError(f"{where}, row {row + 1}: no value in column {column!r} (a missing {standard})")
+
+
+def _feature_types(dataset) -> dict[str, str]:
+    """{column: type name} of a Dataset: the Arrow type of plain values ("string", "int64"), else the feature's kind."""
+    from datasets import Value
+
+    return {
+        name: feature.dtype if isinstance(feature, Value) else type(feature).__name__
+        for name, feature in dataset.features.items()
+    }
+
+
+def standard_columns(dataset, columns: dict[str, str], read_ids: bool):
+    """dataset's `columns` ({standard name: column}, InputOptions.columns) alone, under the standard names; with
+    read_ids, "passage_id" as strings (integer ids cast; None for a source without ids, so that sources concatenate).
+    Selecting and renaming columns of a memory-mapped dataset copies no row."""
+    import pyarrow as pa
+    from datasets import Value
+
+    dataset = dataset.select_columns(list(dict.fromkeys(columns.values())))
+    renamed = {column: standard for standard, column in columns.items() if column != standard}
+    if renamed:
+        dataset = dataset.rename_columns(renamed)
+    if read_ids and PASSAGE_ID not in dataset.column_names:
+        dataset = dataset.add_column(PASSAGE_ID, pa.nulls(len(dataset), pa.string()), feature=Value("string"))
+    if read_ids and dataset.features[PASSAGE_ID] != Value("string"):
+        dataset = dataset.cast_column(PASSAGE_ID, Value("string"))  # integer ids, e.g. a Parquet int64 column
+    return dataset
+
+
+def load_table_articles(
+    sources: Sequence[str],
+    cache_dir: str,
+    options: InputOptions,
+    read_ids: bool = False,
+    jsonl_loader=None,
+):
+    """The articles of the --input sources as one Dataset with "title", "text" and, with read_ids, "passage_id"
+    (strings; None where a source has no ids) -> (dataset, name for messages). options: which columns, which Hub
+    configuration and split. jsonl_loader(path) -> Dataset reads a JSONL file among the sources
+    (tokenization.corpus's reader, with the same options). Rows keep the order of the sources, each in its own
+    order: row i is article i.
+    """
+    from datasets import concatenate_datasets
+
+    wanted = {"title": options.title_column, "text": options.text_column}
+    wanted["id"] = (options.id_column or ID_COLUMN) if read_ids else None
+    id_required = read_ids and options.id_column is not None
+    parts = []
+    for kind, path in expand_inputs(sources):
+        if kind == "jsonl":
+            parts.append(jsonl_loader(path))
+            continue
+        if kind == "folder":
+            dataset, where = _load_folder(path, options.split), path
+            found = _feature_types(dataset)
+        elif kind == "hub":
+            dataset = load_hub_dataset(path, options.split, options.input_name, CORPUS_SPLITS)
+            where = f"Hub dataset {path!r}"
+            found = _feature_types(dataset)
+        else:
+            found, where = _columns_of(path, kind), path
+        _check_columns(found, where, wanted, id_required)
+        columns = options.columns(read_ids, found)
+        names = list(dict.fromkeys(columns.values()))
+        if kind in ("csv", "tsv"):
+            check_csv_rows(path, kind)
+        if kind not in ("folder", "hub"):
+            dataset = _read_table_file(path, kind, names, cache_dir)
+        dataset = standard_columns(dataset, columns, read_ids)
+        _check_no_missing(dataset.data, where, columns)
+        parts.append(dataset)
+    name = ", ".join(os.fspath(source) for source in sources)
+    articles = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+    if len(articles) == 0:
+        raise ValueError(f"{name} holds no articles (no rows)")
+    return articles, name
+
+
+__all__ = [
+    "CORPUS_SPLITS",
+    "ID_COLUMN",
+    "InputOptions",
+    "PASSAGE_ID",
+    "TEXT_COLUMN",
+    "TITLE_COLUMN",
+    "expand_inputs",
+    "input_kind",
+    "is_hub_name",
+    "load_hub_dataset",
+    "load_table_articles",
+    "standard_columns",
+    "table_suffix",
+]
