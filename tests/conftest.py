@@ -120,6 +120,25 @@ EXACT_REASON = "# exact:"
 _TESTS_DIR = Path(__file__).resolve().parent
 
 
+def small_world_corpus(root: Path) -> Path:
+    """root/corpus: a small synthetic world (58 articles, one block each, dates as salient spans) with its own
+    2,000-wordpiece vocabulary in root/vocab. For the pre-training and refresh tests."""
+    from datasets import Dataset
+
+    from openrealm.tokenization.corpus import build_corpus
+    from openrealm.tokenization.salient_spans import make_span_annotator
+    from openrealm.tokenization.vocab import train_wordpiece_vocab
+    from openrealm.trainers.synthetic_world import generate_world
+
+    world = generate_world(
+        seed=0, num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2
+    )
+    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=2000)
+    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
+    build_corpus(articles, root / "corpus", vocab, span_annotator=make_span_annotator("regex"))
+    return root / "corpus"
+
+
 def assert_same_top_k(actual, expected, rtol: float = 1e-5, atol: float = 1e-5) -> None:
     """Two searches' (scores [Q, k], ids [Q, k]) agree: scores within the tolerance, ids exactly, except that ids
     whose scores lie within the tolerance of each other (a near-tie another kernel may order either way) need only

@@ -9,17 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from conftest import assert_same_top_k
-from datasets import Dataset
+from conftest import assert_same_top_k, small_world_corpus
 from transformers import TrainerCallback
 
 from openrealm import RealmConfig, RealmEmbedder
 from openrealm.index_realm import RealmBlockIndex, torch_exact_search
-from openrealm.tokenization.corpus import build_corpus
-from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import pretrain
 from openrealm.trainers.index_builder import embed_blocks
-from openrealm.trainers.synthetic_world import generate_world
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICE = "cuda"
@@ -91,14 +87,8 @@ def test_bfloat16_block_embeddings_on_cuda_agree_with_float32_on_the_cpu():
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("world")
-    world = generate_world(
-        seed=0, num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2
-    )
-    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=2000)
-    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
-    build_corpus(articles, root / "corpus", vocab, span_annotator=world.span_annotator())
-    return root / "corpus"
+    """conftest.small_world_corpus: 58 one-block articles, dates as salient spans."""
+    return small_world_corpus(tmp_path_factory.mktemp("world"))
 
 
 class DeviceRecorder(TrainerCallback):

@@ -13,14 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import assert_same_top_k
+from conftest import assert_same_top_k, small_world_corpus
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, ShardedBlockIndex
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
-from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import dropped, pretrain, towers
 from openrealm.trainers.ict import parse_config_overrides
 from openrealm.trainers.index_builder import build_index, build_request, list_versions, read_build_status
@@ -34,7 +33,6 @@ from openrealm.trainers.refresh import (
     load_snapshot,
     snapshot_embedder,
 )
-from openrealm.trainers.synthetic_world import generate_world
 
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16,"
 TINY += "max_position_embeddings=384"
@@ -43,15 +41,8 @@ BUILD_TIMEOUT = 90  # seconds an async build may take (a builder process imports
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """A small synthetic world (58 articles, one block each, dates as salient spans) with its own vocabulary."""
-    root = tmp_path_factory.mktemp("world")
-    world = generate_world(
-        seed=0, num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2
-    )
-    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=2000)
-    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
-    build_corpus(articles, root / "corpus", vocab, span_annotator=make_span_annotator("regex"))
-    return root / "corpus"
+    """conftest.small_world_corpus: 58 one-block articles, dates as salient spans."""
+    return small_world_corpus(tmp_path_factory.mktemp("world"))
 
 
 def tiny_embedder(tokenizer) -> RealmEmbedder:
