@@ -163,18 +163,20 @@ def torch_exact_search(
                 top_scores, top_ids = top_scores.gather(1, order), top_ids.gather(1, order)
             best_scores, best_ids = top_scores, top_ids
         if half:
-            best_scores, best_ids = _rescore_float32(block_emb, query_emb.detach().to(block_emb.device), best_ids, k)
+            best_scores, best_ids = rescore_float32(block_emb, query_emb.detach().to(block_emb.device), best_ids, k)
     return best_scores.to(query_emb.device), best_ids.to(query_emb.device)
 
 
-def _rescore_float32(
+def rescore_float32(
     block_emb: torch.Tensor, query_emb: torch.Tensor, ids: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates ids [Q, C] (-inf scored ones included) -> the best k by float32 inner product, ties to the lowest
-    id: (scores [Q, k] float32, ids [Q, k])."""
-    candidates = block_emb[ids].float()  # [Q, C, D]
+    """Candidate ids [Q, C] (-1 = none: scored -inf) -> the best k by exact float32 inner product query . block,
+    equal scores in id order, as exact search gives them: (scores [Q, k] float32, ids [Q, k]). Used after a
+    half-precision scan and after a faiss search."""
+    candidates = block_emb[ids.clamp(min=0)].float()  # [Q, C, D]
     scores = torch.bmm(candidates, query_emb.float().unsqueeze(2)).squeeze(2)
-    by_id = ids.argsort(dim=1)
+    scores = scores.masked_fill(ids < 0, float("-inf"))
+    by_id = ids.argsort(dim=1)  # then by score, stably
     scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
     order = scores.argsort(dim=1, descending=True, stable=True)[:, :k]
     return scores.gather(1, order), ids.gather(1, order)
@@ -418,13 +420,7 @@ class RealmBlockIndex:
         ids = self._faiss_search(query_np, num_fetch)
         ids = torch.from_numpy(ids).to(self.device)
         q = query_emb.detach().to(self.device, torch.float32)
-        candidates = self.block_emb[ids.clamp(min=0)].float()  # [Q, num_fetch, dim]
-        scores = torch.bmm(candidates, q.unsqueeze(2)).squeeze(2)
-        scores = scores.masked_fill(ids < 0, float("-inf"))
-        by_id = ids.argsort(dim=1)  # then by score, stably: equal scores in id order, as exact search gives them
-        scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
-        order = scores.argsort(dim=1, descending=True, stable=True)[:, :k]
-        scores, ids = scores.gather(1, order), ids.gather(1, order)
+        scores, ids = rescore_float32(self.block_emb, q, ids, k)
 
         # faiss pads with -1 when it finds fewer than num_fetch blocks (e.g. IVF probing near-empty lists);
         # such queries fall back to exact search rather than returning made-up ids.
