@@ -12,6 +12,8 @@ import time
 
 import torch
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 def _timed(device: torch.device, fn, repeats: int) -> float:
     """Median seconds of fn() over `repeats` timed calls after three warm-ups (device events on CUDA)."""
@@ -33,10 +35,14 @@ def _timed(device: torch.device, fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def matmul_tflops(device: str | torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192, repeats: int = 10):
-    """Measured dense rate of an n x n x n product in dtype (TFLOP/s). float32 on CUDA runs without TF32 (torch's
-    default), the arithmetic exact search uses."""
+def matmul_tflops(
+    device: str | torch.device, dtype: torch.dtype = torch.bfloat16, n: int | None = None, repeats: int = 10
+) -> float:
+    """Measured dense rate of an n x n x n product in dtype (TFLOP/s); n defaults to 8192 on a GPU (fills it) and 512
+    elsewhere (a quick check of a script). float32 on CUDA runs without TF32 (torch's default), the arithmetic exact
+    search uses."""
     device = torch.device(device)
+    n = n or (8192 if device.type == "cuda" else 512)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
@@ -44,9 +50,11 @@ def matmul_tflops(device: str | torch.device, dtype: torch.dtype = torch.bfloat1
     return 2 * n**3 / seconds / 1e12
 
 
-def copy_bandwidth(device: str | torch.device, num_bytes: int = 2**32, repeats: int = 10) -> float:
-    """Measured memory bandwidth (GB/s) of a device-to-device copy of num_bytes, counting bytes read and written."""
+def copy_bandwidth(device: str | torch.device, num_bytes: int | None = None, repeats: int = 10) -> float:
+    """Measured memory bandwidth (GB/s) of a device-to-device copy of num_bytes (default 2^32 on a GPU, 2^26
+    elsewhere), counting bytes read and written."""
     device = torch.device(device)
+    num_bytes = num_bytes or (2**32 if device.type == "cuda" else 2**26)
     src = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     seconds = _timed(device, lambda: dst.copy_(src), repeats)

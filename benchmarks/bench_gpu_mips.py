@@ -24,11 +24,9 @@ import time
 from pathlib import Path
 
 import torch
-from _device_limits import copy_bandwidth, describe, matmul_tflops
+from _device_limits import DTYPES, copy_bandwidth, describe, matmul_tflops
 
 from openrealm.index_realm import HALF_PRECISION_RERANK, RealmBlockIndex, default_chunk_size
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def make_blocks(num_blocks: int, dim: int, device: torch.device, seed: int = 0) -> torch.Tensor:
@@ -80,9 +78,8 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device(args.device)
-    small = device.type != "cuda"
-    bandwidth = copy_bandwidth(device, num_bytes=2**26 if small else 2**32)
-    rates = {name: matmul_tflops(device, dtype, n=512 if small else 8192) for name, dtype in DTYPES.items()}
+    bandwidth = copy_bandwidth(device)
+    rates = {name: matmul_tflops(device, dtype) for name, dtype in DTYPES.items()}
     limits = {"copy_gb_s": bandwidth, "matmul_tflops": rates, "device": describe(device)}
     print(json.dumps(limits), flush=True)
 

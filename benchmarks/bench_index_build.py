@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import torch
-from _device_limits import describe, matmul_tflops
+from _device_limits import DTYPES, describe, matmul_tflops
 from transformers import AutoTokenizer
 
 from openrealm import RealmConfig, RealmEmbedder
@@ -137,10 +137,9 @@ def main() -> None:
     device = torch.device(args.device)
     if args.num_workers is None:
         args.num_workers = 4 if device.type == "cuda" else 0
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     peaks = {d: args.peak_tflops for d in args.dtype.split(",")}
     if args.measure_peak:
-        peaks = {d: matmul_tflops(device, dtypes[d], n=8192 if device.type == "cuda" else 1024) for d in peaks}
+        peaks = {d: matmul_tflops(device, DTYPES[d]) for d in peaks}
         print(json.dumps({"measured_peak_tflops": peaks, "device": describe(device)}), flush=True)
     rows = []
     for model_name in args.models.split(","):

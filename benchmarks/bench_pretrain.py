@@ -241,7 +241,7 @@ def main() -> None:
     if args.measure_peak:  # the rate of the dtype the towers' matrix products run in
         device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if args.bf16 else torch.float32
-        args.peak_tflops = matmul_tflops(device, dtype, n=8192 if device == "cuda" else 1024)
+        args.peak_tflops = matmul_tflops(device, dtype)
         print(f"measured {dtype} matmul peak on {describe(device)}: {args.peak_tflops:.1f} TFLOP/s", flush=True)
     root = Path(args.output or tempfile.mkdtemp(prefix="bench-pretrain-"))
     corpus = make_corpus(root, full_blocks=args.model == "bert-base")
