@@ -111,7 +111,7 @@ def main() -> None:
 
     from openrealm import RealmConfig, RealmEmbedder, RealmTokenizer
     from openrealm.trainers.corpus_edit import edit_corpus
-    from openrealm.trainers.index_builder import embed_blocks
+    from openrealm.trainers.embedding import embed_corpus
 
     disable_progress_bars()
     os.makedirs(args.workdir, exist_ok=True)
@@ -150,7 +150,7 @@ def main() -> None:
     embed_seconds = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        embed_blocks(embedder, sample, tokenizer, batch_size=128, device="cpu", dtype="float32", progress=False)
+        embed_corpus(embedder, sample, tokenizer, batch_size=128, device="cpu", dtype="float32", progress=False)
         embed_seconds.append(time.perf_counter() - start)
     scale = (args.blocks + added_blocks) / len(sample)
     full = [seconds * scale for seconds in embed_seconds]

@@ -40,7 +40,7 @@ from _device_limits import DTYPES, describe, matmul_tflops
 from transformers import AutoTokenizer
 
 from openrealm import RealmConfig, RealmEmbedder
-from openrealm.trainers.index_builder import block_lengths, embed_blocks, length_batches
+from openrealm.trainers.embedding import block_lengths, embed_corpus, length_batches
 
 PASSAGES = (
     "/work/shared/data/squad_v1.1/dev_passages.jsonl",
@@ -99,11 +99,11 @@ def time_embedding(embedder, table: pa.Table, tokenizer, device: torch.device, d
     """Seconds to embed every block of table (after one warm-up batch)."""
     kwargs = dict(batch_size=args.batch_size, device=device, dtype=dtype, sort_by_length=sort, progress=False)
     # Warm-up batch: kernel selection, allocator, first-call overheads.
-    embed_blocks(embedder, table.slice(0, args.batch_size), tokenizer, num_workers=0, **kwargs)
+    embed_corpus(embedder, table.slice(0, args.batch_size), tokenizer, num_workers=0, **kwargs)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    embed_blocks(
+    embed_corpus(
         embedder, table, tokenizer, num_workers=args.num_workers, **kwargs
     )  # returns on the host: synchronised
     return time.perf_counter() - start

@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from openrealm.tokenization.corpus import load_corpus
-    from openrealm.trainers.ict import parse_config_overrides
-    from openrealm.trainers.pretrain_eval import fixed_masked_queries, held_out_query_blocks
+    from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, held_out_query_blocks
     from openrealm.trainers.quickstart import PRESETS, Stages, share_cpu_cores
+    from openrealm.trainers.stage_utils import parse_config_overrides
 
     share_cpu_cores()
     output = Path(args.output)
@@ -255,12 +255,12 @@ def zero_shot_recall(embedder_folder: str, corpus: Path, world: Path, k: int = 5
 
     from openrealm import RealmEmbedder
     from openrealm.tokenization.corpus import load_corpus
-    from openrealm.trainers.pretrain_eval import fresh_index
-    from openrealm.trainers.synthetic_world import World
+    from openrealm.trainers.embedding import exact_index
+    from openrealm.trainers.world.synthetic_world import World
 
     tokenizer, blocks = AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
     embedder = RealmEmbedder.from_pretrained(embedder_folder).eval()
-    index = fresh_index(embedder, tokenizer, blocks)
+    index = exact_index(embedder, blocks, tokenizer)
     questions = World.read(world).questions
     texts = blocks["text"]
     corpus_ids = {i for column in ("title_ids", "token_ids") for ids in blocks[column] for i in ids}
@@ -292,7 +292,7 @@ def bm25_zero_shot_recall(corpus: Path, world: Path, k: int = 5) -> dict[str, fl
     """The same recall@k for BM25 over the blocks' titles and texts (trainers/bm25.py), the lexical reference."""
     from openrealm.tokenization.corpus import load_corpus
     from openrealm.trainers.bm25 import Bm25BlockSearcher
-    from openrealm.trainers.synthetic_world import World
+    from openrealm.trainers.world.synthetic_world import World
 
     blocks, questions = load_corpus(corpus), World.read(world).questions
     texts = blocks["text"]
@@ -325,10 +325,11 @@ def answer_positive(
 
     from transformers import AutoTokenizer
 
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
     from openrealm.tokenization.masking import SalientSpanCollator
-    from openrealm.trainers.pretrain_eval import answer_block_ids, fresh_index, recall_at_k
-    from openrealm.trainers.pretraining import CANDIDATE_SEQ_LEN, block_retriever_inputs
+    from openrealm.trainers.embedding import exact_index
+    from openrealm.trainers.pretraining import CANDIDATE_SEQ_LEN
+    from openrealm.trainers.pretraining.evaluation import answer_block_ids, recall_at_k
     from openrealm.trainers.towers import load_embedder
 
     preset, tokenizer, blocks = stages.preset, AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
@@ -339,7 +340,7 @@ def answer_positive(
     history = []
     for step in range(preset.pretrain_steps + 1):
         if step % preset.eval_every == 0 or step == preset.pretrain_steps:
-            index = fresh_index(embedder, tokenizer, blocks)
+            index = exact_index(embedder, blocks, tokenizer)
             history.append({"step": step, f"eval_recall@{k}": recall_at_k(embedder, index, queries, k)})
         if step == preset.pretrain_steps:
             embedder.save_pretrained(stages.path("answer-positive"))

@@ -63,7 +63,8 @@ def main() -> None:
     from openrealm import RealmEmbedder
     from openrealm.tokenization.corpus import load_corpus
     from openrealm.trainers import cli
-    from openrealm.trainers.pretrain_eval import fixed_masked_queries, fresh_index, held_out_query_blocks, recall_at_k
+    from openrealm.trainers.embedding import exact_index
+    from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, held_out_query_blocks, recall_at_k
 
     args.output.mkdir(parents=True, exist_ok=True)
     corpus = args.output / "corpus"
@@ -87,7 +88,7 @@ def main() -> None:
 
         def recall(folder: Path, queries: dict = queries) -> float:
             embedder = RealmEmbedder.from_pretrained(folder).eval()
-            return recall_at_k(embedder, fresh_index(embedder, tokenizer, blocks), queries, 5)
+            return recall_at_k(embedder, exact_index(embedder, blocks, tokenizer), queries, 5)
 
         run = {"seed": seed, "num_queries": len(queries["uid"]), "start": recall(ict)}
         for mode, weight in [(mode, weight) for weight in args.weights for mode in args.modes]:

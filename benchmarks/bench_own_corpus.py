@@ -37,14 +37,15 @@ def recall_at_8(embedder_folder: Path, corpus: Path, device: str) -> dict:
     from transformers import AutoTokenizer
 
     from openrealm.tokenization.corpus import load_corpus
-    from openrealm.trainers.pretrain_eval import fixed_masked_queries, fresh_index, recall_at_k
+    from openrealm.trainers.embedding import exact_index
+    from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, recall_at_k
     from openrealm.trainers.towers import load_embedder
 
     tokenizer = AutoTokenizer.from_pretrained(corpus)
     blocks = load_corpus(corpus)
     queries = fixed_masked_queries(tokenizer, blocks, num_queries=NUM_QUERIES, seed=QUERY_SEED)
     embedder = load_embedder(str(embedder_folder)).to(device).eval()
-    index = fresh_index(embedder, tokenizer, blocks)
+    index = exact_index(embedder, blocks, tokenizer)
     answerable = sum(bool(ids) for ids in queries["answer_block_ids"])
     return {"recall@8": recall_at_k(embedder, index, queries, k=8), "num_queries": len(queries["uid"]),
             "num_answerable": answerable}  # fmt: skip

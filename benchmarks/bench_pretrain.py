@@ -51,11 +51,12 @@ from openrealm import RealmConfig, RealmEmbedder
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import pretrain
-from openrealm.trainers.ict import parse_config_overrides
 from openrealm.trainers.options import train_pretrain
-from openrealm.trainers.refresh import clone_tensors
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.pretraining.inputs import initial_index
+from openrealm.trainers.pretraining.refresh import clone_tensors
+from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.towers import load_embedder, load_encoder
+from openrealm.trainers.world.synthetic_world import generate_world
 
 MODEL = "hidden_size=128,num_hidden_layers=2,num_attention_heads=4,intermediate_size=512,retriever_proj_size=64"
 MODELS = {  # --model: RealmConfig overrides of both towers
@@ -153,7 +154,7 @@ def train(
     overrides = parse_config_overrides(model)
     embedder = load_embedder("random", tokenizer, overrides, 0)
     encoder = load_encoder("random", tokenizer, overrides, 0)
-    index = pretrain.initial_index(args, embedder, output / "index")
+    index = initial_index(args, embedder, output / "index")
     trainer = pretrain.build_trainer(args, embedder, encoder, tokenizer, blocks, index)
     timer = StepTimer()
     trainer.add_callback(timer)

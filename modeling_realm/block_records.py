@@ -17,7 +17,6 @@ interpreting the pickle opcodes with a whitelist; nothing named by the file is e
 
 from __future__ import annotations
 
-import contextlib
 import json
 import operator
 import os
@@ -31,6 +30,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
+
+from .file_utils import atomic_file
 
 FORMAT = "openrealm.block_records"
 FORMAT_VERSION = "1"
@@ -203,7 +204,7 @@ class BlockRecords:
             if num_blocks_hint is not None and num_blocks != num_blocks_hint:
                 raise ValueError(f"expected {num_blocks_hint} blocks for {path} but the records held {num_blocks}")
             header = _header(num_blocks, lengths)
-            with _atomic_output(path) as out:
+            with atomic_file(path) as out:
                 out.write(header)
                 for name, _, _ in layout:
                     scratch[name].seek(0)
@@ -372,35 +373,6 @@ def _write_scratch(path: str, records: Iterable[Any], scratch: dict[str, BinaryI
             flush()
     flush()
     return num_blocks, {f"{field}_bytes": end for field, end in ends.items()}
-
-
-@contextlib.contextmanager
-def _atomic_output(path: str) -> Iterator[BinaryIO]:
-    """Yield a temp file beside `path`; on success fsync it and rename it over `path`, on error remove it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(6).hex()}.tmp")
-    # os.open (not mkstemp) so that the file gets the usual umask-derived permissions, not 0600.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory: str) -> None:
-    with contextlib.suppress(OSError):  # makes the rename durable; some platforms cannot open a directory
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # --- Legacy `block_records.npy` (transformers 4.x) ----------------------------------------------------------------
@@ -755,7 +727,7 @@ def convert_legacy_block_records(
     offsets_at = header_size + 8 * (num_blocks + 1)  # text_offsets, after the all-zero title_offsets
     text_at = offsets_at + 8 * (num_blocks + 1)
     with (
-        _atomic_output(output_path) as out,
+        atomic_file(output_path) as out,
         tqdm(
             total=os.path.getsize(npy_path), unit="B", unit_scale=True, disable=not progress, desc="Converting"
         ) as bar,

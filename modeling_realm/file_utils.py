@@ -17,6 +17,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import IO
 
 try:
     import fcntl
@@ -61,16 +62,19 @@ def apply_umask_modes(path: str | os.PathLike) -> None:
             os.chmod(entry, file_mode)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> str:
-    """Write `text` (UTF-8) to `path` through a temporary file beside it, then rename: a reader sees the old file or
-    the whole new one, never a part, even after a power cut (flushed to disk before the rename). The file gets the
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """Yield a file open for writing (`mode` "wb" or "w", UTF-8) that replaces `path` when the block ends: written to a
+    temporary file beside it, flushed to disk, renamed over `path`, the rename made durable (the folder fsynced). A
+    reader sees the old file or the whole new one, never a part, even after a power cut; on an error the temporary
+    file is removed and `path` is untouched (a full disk raises FullDiskError naming `path`). The file gets the
     umask's mode; the parent folder must exist. A `path` that is a symbolic link stays one: the file it points to is
-    replaced. Returns the path."""
+    replaced. The one way this package writes a file atomically."""
     path = real_destination(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}-", dir=os.path.dirname(path))
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
+        with os.fdopen(handle, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as file:
+            yield file
             file.flush()
             os.fsync(file.fileno())
         os.chmod(temporary, 0o666 & ~current_umask())
@@ -82,7 +86,26 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> str:
         if full is not None:
             raise full from error
         raise
-    return path
+    fsync_directory(os.path.dirname(path))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> str:
+    """Write `text` (UTF-8) to `path` atomically (see atomic_file). Returns the path (a symbolic link's target)."""
+    with atomic_file(path, "w") as file:
+        file.write(text)
+    return real_destination(path)
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Flush a folder's entries to disk (makes a rename inside it durable); a no-op where a folder cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class FullDiskError(OSError):

@@ -128,7 +128,7 @@ def small_world_corpus(root: Path) -> Path:
     from openrealm.tokenization.corpus import build_corpus
     from openrealm.tokenization.salient_spans import make_span_annotator
     from openrealm.tokenization.vocab import train_wordpiece_vocab
-    from openrealm.trainers.synthetic_world import generate_world
+    from openrealm.trainers.world.synthetic_world import generate_world
 
     world = generate_world(
         seed=0, num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2

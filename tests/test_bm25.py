@@ -5,7 +5,7 @@ import torch
 from conftest import BLOCK_TEXTS, make_openqa_model
 
 from openrealm.trainers.bm25 import Bm25BlockSearcher
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.world.synthetic_world import generate_world
 
 TITLES = [f"title {i}" for i in range(len(BLOCK_TEXTS))]
 

@@ -8,7 +8,7 @@ import pytest
 from transformers import BertTokenizerFast
 
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.world.synthetic_world import generate_world
 
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16"
 

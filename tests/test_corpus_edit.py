@@ -252,7 +252,7 @@ def test_a_pretraining_refresh_after_an_add_serves_the_new_corpus_version(indexe
     from transformers import AutoTokenizer
 
     from openrealm.trainers.pretraining import RealmPretrainingExamples
-    from openrealm.trainers.refresh import IndexRefreshCallback
+    from openrealm.trainers.pretraining.refresh import IndexRefreshCallback
 
     corpus, embedder = indexed_corpus
     index = build_index(embedder, corpus, tmp_path / "index", progress=False)

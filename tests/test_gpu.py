@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 from openrealm import RealmConfig, RealmEmbedder
 from openrealm.index_realm import RealmBlockIndex, torch_exact_search
 from openrealm.trainers import pretrain
-from openrealm.trainers.index_builder import embed_blocks
+from openrealm.trainers.embedding import embed_corpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICE = "cuda"
@@ -77,9 +77,9 @@ def test_bfloat16_block_embeddings_on_cuda_agree_with_float32_on_the_cpu():
     embedder = RealmEmbedder(config).eval()
     table = synthetic_blocks(300, 128, config.vocab_size)
     kwargs = dict(batch_size=64, max_length=128, progress=False)
-    reference = embed_blocks(embedder, table, SpecialIds, device="cpu", dtype="float32", **kwargs)
-    float32 = embed_blocks(embedder, table, SpecialIds, device=DEVICE, dtype="float32", **kwargs)
-    bfloat16 = embed_blocks(embedder, table, SpecialIds, device=DEVICE, dtype="bfloat16", **kwargs)
+    reference = embed_corpus(embedder, table, SpecialIds, device="cpu", dtype="float32", **kwargs)
+    float32 = embed_corpus(embedder, table, SpecialIds, device=DEVICE, dtype="float32", **kwargs)
+    bfloat16 = embed_corpus(embedder, table, SpecialIds, device=DEVICE, dtype="bfloat16", **kwargs)
     torch.testing.assert_close(float32, reference, rtol=1e-4, atol=1e-4)
     relative_error = ((bfloat16 - reference).norm() / reference.norm()).item()
     assert relative_error < BF16_RELATIVE_ERROR, relative_error

@@ -20,8 +20,9 @@ from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import ict, towers
 from openrealm.trainers.cli import main
-from openrealm.trainers.index_builder import embed_blocks
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.embedding import embed_corpus, embed_queries
+from openrealm.trainers.stage_utils import google_warmup_steps, parse_config_overrides
+from openrealm.trainers.world.synthetic_world import generate_world
 
 CLS, SEP = 3, 4  # the fixture tokenizer's [CLS] and [SEP]
 # A tiny random embedder that learns ICT in a few hundred CPU steps. Dropout is off: with Google's dropout (0.1 in BERT
@@ -265,7 +266,7 @@ def test_metrics_split_accuracy_by_whether_the_sentence_was_removed():
 
 
 def test_google_warmup_formula():
-    assert [ict.google_warmup_steps(n) for n in (50, 5000, 200_000)] == [100, 500, 10000]
+    assert [google_warmup_steps(n) for n in (50, 5000, 200_000)] == [100, 500, 10000]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -320,16 +321,16 @@ def test_a_sequence_length_the_user_chose_beyond_the_model_is_refused_naming_the
 
 def test_recall_matches_a_brute_force_ranking(world_corpus, one_thread):
     tokenizer = AutoTokenizer.from_pretrained(world_corpus)
-    embedder = towers.load_embedder("random", tokenizer, ict.parse_config_overrides(TINY), seed=0)
+    embedder = towers.load_embedder("random", tokenizer, parse_config_overrides(TINY), seed=0)
     blocks = load_corpus(world_corpus)
     result = ict.evaluate_retrieval(embedder, world_corpus, tokenizer, num_queries=100, k=5, seed=3)
 
     own, queries, removed = ict.sample_sentence_queries(blocks, 100, 3, tokenizer)
-    scores = ict.embed_queries(embedder, queries, tokenizer) @ embed_blocks(embedder, blocks, tokenizer).T
+    query_emb = embed_queries(embedder, *ict.pad_rows(queries, tokenizer.pad_token_id)).cpu()
+    scores = query_emb @ embed_corpus(embedder, blocks, tokenizer).T
     rank_kept = (scores > scores.gather(1, own[:, None])).sum(1)
     positions = torch.tensor(removed.pop("position"))
-    own_removed = (ict.embed_queries(embedder, queries, tokenizer)[positions]
-                   * embed_blocks(embedder, Dataset.from_dict(removed), tokenizer)).sum(1)  # fmt: skip
+    own_removed = (query_emb[positions] * embed_corpus(embedder, Dataset.from_dict(removed), tokenizer)).sum(1)
     others = scores[positions].scatter(1, own[positions][:, None], float("-inf"))
     rank_removed = (others >= own_removed[:, None]).sum(1)
     assert result["num_blocks"] == len(blocks) and result["num_queries"] == 100
@@ -399,7 +400,7 @@ def test_ict_on_the_synthetic_world_finds_a_sentences_own_block(world_corpus, tm
     0.008, trained 0.82 / 0.89 with this seed; over training seeds 0-4 untrained <= 0.04, trained 0.81-0.86 /
     0.89-0.92 (another world, seed 1: 0.79-0.83 / 0.85-0.88)."""
     tokenizer = AutoTokenizer.from_pretrained(world_corpus)
-    untrained = towers.load_embedder("random", tokenizer, ict.parse_config_overrides(TINY), seed=0)
+    untrained = towers.load_embedder("random", tokenizer, parse_config_overrides(TINY), seed=0)
     before = ict.evaluate_retrieval(untrained, world_corpus, tokenizer, num_queries=288, k=5, seed=0)
     steps = ["--max-steps", "120", "--batch-size", "32", "--learning-rate", "1e-3", "--warmup-steps", "12"]
     args = train_args(world_corpus, tmp_path / "ict", *steps, "--save-steps", "0", "--logging-steps", "40")

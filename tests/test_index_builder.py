@@ -18,15 +18,10 @@ from transformers import BertConfig, BertModel
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever, RealmScorer
 from openrealm.tokenization.corpus import block_retriever_inputs, build_corpus, load_corpus
 from openrealm.trainers import index_builder
-from openrealm.trainers.index_builder import (
-    build_index,
-    embed_blocks,
-    latest_index_dir,
-    leave_process_group,
-    list_versions,
-    load_index,
-    shard_range,
-)
+from openrealm.trainers.cli import main as openrealm_main
+from openrealm.trainers.embedding import embed_corpus, shard_range
+from openrealm.trainers.index_builder import build_index, latest_index_dir, list_versions, load_index
+from openrealm.trainers.stage_utils import leave_process_group
 from openrealm.trainers.towers import load_embedder
 
 # Titles of different lengths and one long body, so batches mix lengths and padding.
@@ -64,7 +59,7 @@ def direct_embedding(embedder: RealmEmbedder, title: str, text: str) -> torch.Te
 @pytest.mark.parametrize("sort_by_length", [True, False], ids=["sorted", "block-order"])
 def test_embeddings_equal_a_direct_forward_of_each_block(corpus, sort_by_length):
     embedder = tiny_embedder()
-    emb = embed_blocks(embedder, load_corpus(corpus), fixture_tokenizer(), batch_size=3, sort_by_length=sort_by_length)
+    emb = embed_corpus(embedder, load_corpus(corpus), fixture_tokenizer(), batch_size=3, sort_by_length=sort_by_length)
     expected = torch.stack([direct_embedding(embedder, t, x) for t, x in zip(TITLES, TEXTS)])
     assert emb.shape == (len(TEXTS), 16) and emb.dtype == torch.float32
     torch.testing.assert_close(emb, expected, atol=1e-5, rtol=1e-5)
@@ -72,23 +67,23 @@ def test_embeddings_equal_a_direct_forward_of_each_block(corpus, sort_by_length)
 
 def test_input_worker_processes_give_the_same_embeddings(corpus):
     embedder, blocks, tokenizer = tiny_embedder(), load_corpus(corpus), fixture_tokenizer()
-    in_process = embed_blocks(embedder, blocks, tokenizer, batch_size=2, progress=False)
-    with_workers = embed_blocks(embedder, blocks, tokenizer, batch_size=2, num_workers=2, progress=False)
+    in_process = embed_corpus(embedder, blocks, tokenizer, batch_size=2, progress=False)
+    with_workers = embed_corpus(embedder, blocks, tokenizer, batch_size=2, num_workers=2, progress=False)
     # exact: workers only tokenize; the embedder sees the same batches in the same process
     torch.testing.assert_close(with_workers, in_process, atol=0, rtol=0)
 
 
 def test_bf16_autocast_on_cpu_stays_close_to_float32(corpus):
     embedder, blocks, tokenizer = tiny_embedder(), load_corpus(corpus), fixture_tokenizer()
-    full = embed_blocks(embedder, blocks, tokenizer, dtype="float32", progress=False)
-    half = embed_blocks(embedder, blocks, tokenizer, dtype="bfloat16", progress=False)
+    full = embed_corpus(embedder, blocks, tokenizer, dtype="float32", progress=False)
+    half = embed_corpus(embedder, blocks, tokenizer, dtype="bfloat16", progress=False)
     assert half.dtype == torch.float32
     assert torch.nn.functional.cosine_similarity(full, half).min() > 0.99
 
 
 def test_embedding_leaves_a_training_embedder_in_train_mode(corpus):
     embedder = tiny_embedder().train()
-    embed_blocks(embedder, load_corpus(corpus), fixture_tokenizer(), progress=False)
+    embed_corpus(embedder, load_corpus(corpus), fixture_tokenizer(), progress=False)
     assert embedder.training
 
 
@@ -187,7 +182,7 @@ def test_cli_names_the_version_folder_it_wrote(corpus, tmp_path, capsys):
     build_index(tiny_embedder(), corpus, root, version=3, progress=False)
     tiny_embedder().save_pretrained(tmp_path / "embedder")
     argv = ["--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output", str(root), "--quiet"]
-    assert index_builder.main([*argv, "--version", "1", "--keep", "1"]) == 0
+    assert openrealm_main(["index", "build", *argv, "--version", "1", "--keep", "1"]) == 0
     printed = capsys.readouterr().out
     assert f"Wrote exact index version 1 of {len(TEXTS)} x 16 to {root / 'v000001'}" in printed
     assert f"{root / 'v000003'} is newer" in printed
@@ -224,7 +219,7 @@ def test_cli_builds_from_a_bert_checkpoint_folder(corpus, tmp_path, capsys):
                                 intermediate_size=37, max_position_embeddings=288))  # fmt: skip
     bert.save_pretrained(tmp_path / "bert")
     argv = ["--embedder", str(tmp_path / "bert"), "--corpus", str(corpus), "--output", str(tmp_path / "index")]
-    assert index_builder.main([*argv, "--index-type", "hnsw", "--index-param", "m=8", "--quiet"]) == 0
+    assert openrealm_main(["index", "build", *argv, "--index-type", "hnsw", "--index-param", "m=8", "--quiet"]) == 0
     index = load_index(tmp_path / "index")
     assert (index.index_type, index.num_blocks, index.dim, index.params["m"]) == ("hnsw", len(TEXTS), 128, 8)
     assert "Wrote hnsw index version 0" in capsys.readouterr().out
@@ -232,7 +227,7 @@ def test_cli_builds_from_a_bert_checkpoint_folder(corpus, tmp_path, capsys):
 
 def test_cli_help_names_the_options(capsys):
     with pytest.raises(SystemExit):
-        index_builder.main(["--help"])
+        openrealm_main(["index", "build", "--help"])
     help_text = capsys.readouterr().out
     for option in ("--embedder", "--corpus", "--output", "--index-type", "--batch-size", "--dtype", "--layout"):
         assert option in help_text
@@ -271,10 +266,10 @@ def test_embedder_of_another_dimension_than_the_existing_index_is_refused(corpus
 )  # fmt: skip
 def test_bad_index_parameters_are_refused_before_any_block_is_embedded(corpus, tmp_path, monkeypatch, index_type,
                                                                        params, problem):  # fmt: skip
-    def embed_blocks(*args, **kwargs):
+    def embed_corpus(*args, **kwargs):
         raise AssertionError("embedded the corpus before checking the index parameters")
 
-    monkeypatch.setattr(index_builder, "embed_blocks", embed_blocks)
+    monkeypatch.setattr(index_builder, "embed_corpus", embed_corpus)
     with pytest.raises(ValueError, match=problem):
         build_index(tiny_embedder(), corpus, tmp_path / "index", index_type=index_type, index_params=params,
                     progress=False)  # fmt: skip
@@ -301,7 +296,7 @@ def test_two_processes_under_accelerate_join_to_the_single_process_embeddings(co
     assert result.returncode == 0, result.stderr[-3000:]
     info = json.loads((tmp_path / "index" / "v000000" / "build_info.json").read_text())
     assert info["world_size"] == 2
-    expected = embed_blocks(embedder, load_corpus(corpus), fixture_tokenizer(), progress=False)
+    expected = embed_corpus(embedder, load_corpus(corpus), fixture_tokenizer(), progress=False)
     torch.testing.assert_close(load_index(tmp_path / "index").block_emb, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -363,7 +358,7 @@ def test_a_builder_whose_trainer_was_killed_exits_without_writing_a_version(corp
     # The stand-in trainer starts the builder as the async refresh does (with its own pid), then dies by SIGKILL.
     trainer = (
         "import os, signal, subprocess, sys\n"
-        "builder = subprocess.Popen([sys.executable, '-m', 'openrealm.trainers.index_builder', '--embedder', sys.argv[1],"
+        "builder = subprocess.Popen([sys.executable, '-m', 'openrealm.trainers.pretraining.builder', '--embedder', sys.argv[1],"
         " '--corpus', sys.argv[2], '--output', sys.argv[3], '--quiet', '--parent-pid', str(os.getpid())])\n"
         "print(builder.pid, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -17,7 +17,7 @@ from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import cli, towers
 from openrealm.trainers.masked_lm import CorpusBlocks, MaskedLmModel, collator, evaluate
 from openrealm.trainers.quickstart import WORLD
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.world.synthetic_world import generate_world
 
 
 @pytest.fixture(scope="module")

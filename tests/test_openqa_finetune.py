@@ -284,7 +284,7 @@ def world_run(tmp_path_factory):
     from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder
     from openrealm.tokenization.corpus import build_corpus
     from openrealm.tokenization.vocab import train_wordpiece_vocab
-    from openrealm.trainers.synthetic_world import generate_world
+    from openrealm.trainers.world.synthetic_world import generate_world
 
     root = tmp_path_factory.mktemp("world")
     world = generate_world(

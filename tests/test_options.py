@@ -2,14 +2,15 @@
 
 from openrealm import index_realm
 from openrealm.tokenization import corpus, masking
-from openrealm.trainers import demo, index_builder, options, pretraining, refresh
+from openrealm.trainers import demo, embedding, options, pretraining
+from openrealm.trainers.pretraining import refresh
 
 
 def test_the_spelled_out_defaults_equal_the_constants_of_the_modules_that_use_them():
     assert options.MASKING_STRATEGIES == masking.STRATEGIES
     assert options.INDEX_TYPES == index_realm.INDEX_TYPES
     assert options.MAX_BLOCK_LENGTH == corpus.MAX_BLOCK_LENGTH
-    assert tuple(index_builder.DTYPES) == options.DTYPE_NAMES
+    assert tuple(embedding.DTYPES) == options.DTYPE_NAMES
     assert options.DEMO_NUM_RETRIEVED == demo.NUM_RETRIEVED
 
 

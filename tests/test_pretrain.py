@@ -20,19 +20,19 @@ from transformers import AutoTokenizer, TrainerCallback
 from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, ShardedBlockIndex
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
-from openrealm.trainers import dropped, pretrain, towers
-from openrealm.trainers.ict import parse_config_overrides
-from openrealm.trainers.index_builder import build_index, build_request, list_versions, read_build_status
+from openrealm.trainers import cli, dropped, pretrain, towers
+from openrealm.trainers.index_builder import build_index, list_versions
 from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretraining import RealmPretrainingExamples
-from openrealm.trainers.refresh import (
+from openrealm.trainers.pretraining.builder import build_request, default_builder_device, read_build_status
+from openrealm.trainers.pretraining.refresh import (
     SNAPSHOTS_DIR,
     IndexRefreshCallback,
     clone_tensors,
-    default_builder_device,
     load_snapshot,
     snapshot_embedder,
 )
+from openrealm.trainers.stage_utils import parse_config_overrides
 
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16,"
 TINY += "max_position_embeddings=384"
@@ -139,7 +139,7 @@ def sleeping_builder(callback: IndexRefreshCallback, seconds: float):
             "-c",
             f'sleep {seconds}; exec "$@"',
             "sh",
-            *callback.index_builder_command(snapshot_dir, version),
+            *callback.builder.build_command(snapshot_dir, version),
         ]
 
     return command
@@ -162,7 +162,7 @@ def test_async_builder_of_a_sharded_run_writes_one_file_per_rank_and_the_example
     embedder, examples, callback = setup_refresh(
         corpus, tmp_path / "index", "async", refresh_every=2, build_kwargs={"num_shards": 2}
     )
-    for command in (callback.index_builder_command(tmp_path / "snapshot", 1), callback.builder_server_command()):
+    for command in (callback.builder.build_command(tmp_path / "snapshot", 1), callback.builder.server_command()):
         assert command[command.index("--num-shards") + 1] == "2"
     steps = Steps(callback, embedder)
     run_until_swap(steps)
@@ -180,7 +180,7 @@ def test_async_builder_of_a_sharded_run_writes_one_file_per_rank_and_the_example
 
 def test_async_build_runs_in_another_process_without_blocking_the_steps(corpus, tmp_path):
     embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2)
-    callback.builder_command = sleeping_builder(callback, 1.5)
+    callback.builder.command = sleeping_builder(callback, 1.5)
     steps = Steps(callback, embedder)
     steps.step()
     steps.step()  # step 2 ends: a snapshot is saved and the builder starts
@@ -203,7 +203,7 @@ def test_async_build_runs_in_another_process_without_blocking_the_steps(corpus, 
 
 def test_lagged_async_refresh_waits_for_a_slow_build_at_exactly_snapshot_plus_lag(corpus, tmp_path):
     embedder, examples, callback = setup_refresh(corpus, tmp_path / "index", "async", refresh_every=2, lag=3)
-    callback.builder_command = sleeping_builder(callback, 1.0)
+    callback.builder.command = sleeping_builder(callback, 1.0)
     steps = Steps(callback, embedder)
     for _ in range(6):
         steps.step()
@@ -243,18 +243,18 @@ def test_async_builds_go_to_one_long_lived_builder_process_that_ends_with_traini
     # Three versions, each swapped in 2 steps after its snapshot, all built by the same process.
     assert [(s["version"], s["step"] - s["snapshot_step"]) for s in callback.swaps] == [(1, 2), (2, 2), (3, 2)]
     assert len(builders) == 1 and builders != {os.getpid()}
-    server = callback._server
+    server = callback.builder.server
     # What each version holds is what a build of its own would have written: the saved snapshot's embeddings.
     snapshot = RealmEmbedder.from_pretrained(
         tmp_path / "index" / SNAPSHOTS_DIR / f"step-{callback.swaps[-1]['snapshot_step']}"
     )
     # Built alike: on the builder's device (a GPU where there is one) in its default precision (bf16 on a GPU).
     expected = build_index(
-        snapshot, corpus, tmp_path / "reference", version=0, progress=False, device=callback.builder_device
+        snapshot, corpus, tmp_path / "reference", version=0, progress=False, device=callback.builder.device
     )
     torch.testing.assert_close(examples.index.block_emb, expected.block_emb, rtol=1e-4, atol=1e-4)
     callback.close()
-    assert server.poll() is not None and callback._server is None  # training over: no builder left running
+    assert server.poll() is not None and callback.builder.server is None  # training over: no builder left running
 
 
 def test_a_failed_build_of_the_long_lived_builder_is_logged_and_the_next_build_succeeds(corpus, tmp_path, caplog):
@@ -269,14 +269,17 @@ def test_a_failed_build_of_the_long_lived_builder_is_logged_and_the_next_build_s
         return result
 
     steps = Steps(callback, embedder)
-    with pytest.MonkeyPatch.context() as patch, caplog.at_level("ERROR", logger="openrealm.trainers.refresh"):
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        caplog.at_level("ERROR", logger="openrealm.trainers.pretraining.refresh"),
+    ):
         patch.setattr(RealmEmbedder, "save_pretrained", save_then_corrupt)
         run_until(steps, lambda: callback.builds_failed > 0)
     assert examples.index.version == 0 and callback.failures[0]["reason"] == "exit status 1"
     assert "Traceback" in callback.failures[0]["log_tail"] and "failed (exit status 1)" in caplog.text
-    server = callback._server
+    server = callback.builder.server
     run_until_swap(steps)  # the retry, from a fresh snapshot, goes to the same builder process
-    assert examples.index.version == 1 and callback._server is server and server.poll() is None
+    assert examples.index.version == 1 and callback.builder.server is server and server.poll() is None
     callback.close()
 
 
@@ -290,7 +293,7 @@ def test_a_builder_process_that_dies_fails_its_build_and_the_next_build_starts_a
     run_until(steps, lambda: callback.builds_failed > 0)
     assert "the builder process exited with status" in callback.failures[0]["log_tail"]
     run_until_swap(steps)
-    assert examples.index.version == 1 and callback._server.pid != first.pid
+    assert examples.index.version == 1 and callback.builder.server.pid != first.pid
     callback.close()
 
 
@@ -298,7 +301,7 @@ def test_the_long_lived_builder_exits_when_its_input_ends(corpus, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(corpus)
     snapshot = tmp_path / "snapshot"
     tiny_embedder(tokenizer).save_pretrained(snapshot)
-    command = [sys.executable, "-m", "openrealm.trainers.index_builder", "serve", "--corpus", str(corpus)]
+    command = [sys.executable, "-m", "openrealm.trainers.pretraining.builder", "serve", "--corpus", str(corpus)]
     command += ["--output", str(tmp_path / "index"), "--device", "cpu", "--quiet"]
     requests = build_request(snapshot, 4) + build_request(snapshot, 5)
     finished = subprocess.run(command, input=requests, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
@@ -388,11 +391,11 @@ def test_failed_async_build_is_logged_keeps_the_old_index_and_is_retried(corpus,
         commands.append(version)
         if len(commands) == 1:
             return [sys.executable, "-c", "import sys; print('out of device memory', file=sys.stderr); sys.exit(3)"]
-        return callback.index_builder_command(snapshot_dir, version)
+        return callback.builder.build_command(snapshot_dir, version)
 
-    callback.builder_command = failing_once
+    callback.builder.command = failing_once
     steps = Steps(callback, embedder)
-    with caplog.at_level("ERROR", logger="openrealm.trainers.refresh"):
+    with caplog.at_level("ERROR", logger="openrealm.trainers.pretraining.refresh"):
         while callback.builds_failed == 0:
             assert steps.state.global_step < 200
             steps.step(0.02)
@@ -410,7 +413,7 @@ def test_pretraining_job_logs_realm_metrics_and_saves_loadable_towers(corpus, tm
     argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
     argv += ["--max-steps", "4", "--refresh-every", "2", "--refresh-mode", "sync", "--batch-size", "4"]
     argv += ["--logging-steps", "1", "--config-overrides", TINY, "--no-progress", "--index-batch-size", "32"]
-    assert pretrain.main(argv) == 0
+    assert cli.main(["train", "pretrain", *argv]) == 0
     summary = json.loads((output / "pretraining.json").read_text())
     logs = [entry for entry in summary["log_history"] if "loss" in entry]
     assert [entry["step"] for entry in logs] == [1, 2, 3, 4]
@@ -519,7 +522,9 @@ def test_pretraining_refuses_a_corpus_without_any_salient_span_naming_the_counts
 
 def test_pretraining_refuses_a_refresh_lag_without_async_refresh_before_building_anything(corpus, tmp_path, capsys):
     output = tmp_path / "out"
-    assert pretrain.main(pretrain_argv(corpus, output, "--max-steps", "2", "--refresh-lag", "5")) == 2
+    assert (
+        cli.main(["train", "pretrain", *pretrain_argv(corpus, output, "--max-steps", "2", "--refresh-lag", "5")]) == 2
+    )
     assert "got lag=5 with mode='off' (--refresh-mode, --refresh-every, --refresh-lag)" in capsys.readouterr().err
     assert not output.exists()
 
@@ -527,7 +532,7 @@ def test_pretraining_refuses_a_refresh_lag_without_async_refresh_before_building
 def test_random_span_masking_trains_on_a_corpus_without_spans(corpus, tmp_path):
     blocks = small_corpus(corpus, tmp_path / "corpus", UNDATED, spans="none")
     argv = pretrain_argv(blocks, tmp_path / "out", "--max-steps", "1", "--spans", "random_span", "--batch-size", "2")
-    assert pretrain.main(argv) == 0
+    assert cli.main(["train", "pretrain", *argv]) == 0
     summary = json.loads((tmp_path / "out" / "pretraining.json").read_text())
     assert summary["totals"]["num_examples"] == 2 and summary["skipped_batches"] == 0
 
@@ -538,7 +543,7 @@ def test_batches_of_only_dropped_examples_are_skipped_counted_and_training_finis
     blocks = small_corpus(corpus, tmp_path / "corpus", texts)
     output = tmp_path / "out"
     argv = pretrain_argv(blocks, output, "--max-steps", "4", "--batch-size", "2", "--logging-steps", "1")
-    assert pretrain.main(argv) == 0
+    assert cli.main(["train", "pretrain", *argv]) == 0
     assert "1 of 8 blocks have a salient span" in capsys.readouterr().out
     summary = json.loads((output / "pretraining.json").read_text())
     assert summary["skipped_batches"] == 3 and summary["dropped_examples"] == 7
@@ -692,7 +697,7 @@ def test_pretraining_whose_masks_all_lie_past_the_query_length_ends_with_an_erro
 
 
 def test_held_out_query_blocks_give_no_training_query_and_are_listed_in_the_summary(corpus, tmp_path):
-    from openrealm.trainers.pretrain_eval import held_out_query_blocks
+    from openrealm.trainers.pretraining.evaluation import held_out_query_blocks
 
     blocks = load_corpus(corpus)
     args = SimpleNamespace(hold_out_queries=10, seed=3)

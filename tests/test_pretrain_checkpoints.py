@@ -18,8 +18,10 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
 from openrealm.hub_cards.model_card import realm_model_card
-from openrealm.trainers import checkpoints, pretrain
+from openrealm.trainers import checkpoints
+from openrealm.trainers.cli import main as openrealm_main
 from openrealm.trainers.index_builder import list_versions
+from openrealm.trainers.pretraining import trainer
 
 TINY, setup_refresh = test_pretrain.TINY, test_pretrain.setup_refresh
 corpus = test_pretrain.corpus  # the module-scoped synthetic-world corpus fixture
@@ -102,7 +104,7 @@ def test_half_written_checkpoint_is_not_picked_for_resume(tmp_path):
     staging = output / ".staging-checkpoint-6" / "checkpoint-6"
     staging.mkdir(parents=True)
     (staging / "optimizer.pt").write_bytes(b"partial")
-    assert checkpoints.resolve_resume("last", output, pretrain.CHECKPOINT_FILES) == complete
+    assert checkpoints.resolve_resume("last", output, trainer.CHECKPOINT_FILES) == complete
     checkpoints.remove_stale_staging(output)
     assert sorted(os.listdir(output)) == ["checkpoint-4"]
 
@@ -111,7 +113,7 @@ def test_checkpoint_folder_without_refresh_state_is_rejected(tmp_path):
     (tmp_path / "checkpoint-2").mkdir()
     (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
     with pytest.raises(FileNotFoundError, match="is not a whole checkpoint: it has no refresh_state.json"):
-        checkpoints.resolve_resume(str(tmp_path / "checkpoint-2"), tmp_path, pretrain.CHECKPOINT_FILES)
+        checkpoints.resolve_resume(str(tmp_path / "checkpoint-2"), tmp_path, trainer.CHECKPOINT_FILES)
 
 
 def test_pruning_keeps_the_index_versions_kept_checkpoints_use(corpus, tmp_path):
@@ -188,7 +190,7 @@ def test_push_to_hub_uploads_the_three_folders_with_cards_holding_the_metrics(co
     argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
     argv += ["--max-steps", "2", "--refresh-every", "2", "--refresh-mode", "off", "--batch-size", "4"]
     argv += ["--logging-steps", "1", "--config-overrides", TINY, "--no-progress", "--push-to-hub", "me/realm-tiny"]
-    assert pretrain.main(argv) == 0
+    assert openrealm_main(["train", "pretrain", *argv]) == 0
     assert api.repos == ["me/realm-tiny-embedder", "me/realm-tiny-encoder", "me/realm-tiny-scorer"]
     summary = json.loads((output / "pretraining.json").read_text())
     last_log = [entry for entry in summary["log_history"] if "loss" in entry][-1]  # logged every step: the final one

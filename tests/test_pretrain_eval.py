@@ -12,18 +12,20 @@ from transformers import AutoTokenizer
 
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers import ict, pretrain, towers
+from openrealm.trainers import pretrain, towers
+from openrealm.trainers.embedding import exact_index
 from openrealm.trainers.options import train_pretrain
-from openrealm.trainers.pretrain_eval import (
+from openrealm.trainers.pretraining import NUM_CANDIDATES, RealmPretrainingModel
+from openrealm.trainers.pretraining.evaluation import (
     PretrainingEvalCallback,
     curves,
     evaluate_pretraining,
     fixed_masked_queries,
-    fresh_index,
     recall_at_k,
 )
-from openrealm.trainers.pretraining import NUM_CANDIDATES, RealmPretrainingModel
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.pretraining.inputs import initial_index
+from openrealm.trainers.stage_utils import parse_config_overrides
+from openrealm.trainers.world.synthetic_world import generate_world
 
 TINY = "hidden_size=64,num_hidden_layers=1,num_attention_heads=4,intermediate_size=256,retriever_proj_size=32,"
 TINY += "hidden_dropout_prob=0,attention_probs_dropout_prob=0,max_position_embeddings=384"
@@ -57,7 +59,7 @@ def queries(tokenizer, blocks):
 
 
 def random_model(tokenizer, seed: int = 0) -> RealmPretrainingModel:
-    overrides = ict.parse_config_overrides(TINY)
+    overrides = parse_config_overrides(TINY)
     embedder = towers.load_embedder("random", tokenizer, overrides, seed)
     encoder = towers.load_encoder("random", tokenizer, overrides, seed)
     return RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0)
@@ -79,7 +81,7 @@ def test_eval_queries_are_fixed_and_their_answer_blocks_hold_the_masked_span(tok
 
 def test_recall_at_8_counts_queries_with_an_answer_block_in_the_top_8_other_blocks(tokenizer, blocks, queries):
     model = random_model(tokenizer)
-    index = fresh_index(model.embedder, tokenizer, blocks)
+    index = exact_index(model.embedder, blocks, tokenizer)
     recall = recall_at_k(model.embedder, index, queries, k=8)
     model.embedder.eval()
     with torch.no_grad():
@@ -113,7 +115,7 @@ def test_eval_callback_logs_utility_and_recall_every_n_steps(corpus, tokenizer, 
         + ["--config-overrides", TINY, "--no-progress", "--logging-steps", "4"]
     )
     model = random_model(tokenizer)
-    index = pretrain.initial_index(args, model.embedder, tmp_path / "out" / "index")
+    index = initial_index(args, model.embedder, tmp_path / "out" / "index")
     trainer = pretrain.build_trainer(args, model.embedder, model.encoder, tokenizer, blocks, index)
     callback = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=2, refresh=trainer.refresh)
     trainer.add_callback(callback)

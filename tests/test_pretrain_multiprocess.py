@@ -34,7 +34,7 @@ STOP_AFTER_SWAP = """
 import sys
 import time
 from transformers import TrainerCallback
-from openrealm.trainers import pretrain
+from openrealm.trainers import cli, pretrain
 
 class StopAfterSwap(TrainerCallback):
     def __init__(self, refresh):
@@ -53,7 +53,7 @@ def build_with_stop(*args, **kwargs):
     return trainer
 
 pretrain.build_trainer = build_with_stop
-sys.exit(pretrain.main(sys.argv[1:]))
+sys.exit(cli.main(["train", "pretrain", *sys.argv[1:]]))
 """
 
 

@@ -1,4 +1,4 @@
-"""The reading warm-up (trainers/reading_warmup.py): the synthetic world's "BERT stage" teaches the encoder to copy a
+"""The reading warm-up (trainers/world/reading_warmup.py): the synthetic world's "BERT stage" teaches the encoder to copy a
 masked name from a context stating the same fact, with names renamed so that memorising the world never pays."""
 
 import json
@@ -10,11 +10,11 @@ from transformers import AutoTokenizer
 
 from openrealm import RealmKnowledgeAugEncoder
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers import reading_warmup
-from openrealm.trainers.ict import parse_config_overrides
-from openrealm.trainers.reading_warmup import FactPairs, collate, mlm_logits
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.towers import load_encoder
+from openrealm.trainers.world import reading_warmup
+from openrealm.trainers.world.reading_warmup import FactPairs, collate, mlm_logits
+from openrealm.trainers.world.synthetic_world import generate_world
 
 WORLD = dict(num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2)
 TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,max_position_embeddings=256"
@@ -100,9 +100,9 @@ def test_warm_up_lowers_the_masked_name_loss_on_held_out_pairs(pairs):
 
 def test_command_saves_the_trained_encoder_with_its_history(world_folder, tmp_path):
     def warm_up(output):
-        argv = ["--world", str(world_folder / "world"), "--corpus", str(world_folder / "corpus"),
-                "--output", str(output), "--config-overrides", TINY, "--steps", "3", "--seed", "1"]  # fmt: skip
-        assert reading_warmup.main(argv) == 0
+        world, corpus = world_folder / "world", world_folder / "corpus"
+        saved = reading_warmup.warm_up_encoder(world, corpus, output, config_overrides=TINY, steps=3, seed=1)
+        assert saved == output
         return load_encoder(output)
 
     encoder, again = warm_up(tmp_path / "reader"), warm_up(tmp_path / "again")

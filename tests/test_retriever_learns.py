@@ -29,10 +29,11 @@ from openrealm import RealmEmbedder
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import cli
-from openrealm.trainers.ict import parse_config_overrides
-from openrealm.trainers.pretrain_eval import fixed_masked_queries, fresh_index, held_out_query_blocks, recall_at_k
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.embedding import exact_index
+from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, held_out_query_blocks, recall_at_k
+from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.towers import load_embedder, save_tower
+from openrealm.trainers.world.synthetic_world import generate_world
 
 TINY_MODEL = (
     "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16,"
@@ -84,7 +85,7 @@ class TinyWorld:
     def recall(self, embedder_dir: Path) -> float:
         """Held-out recall@5 of the embedder in `embedder_dir` over a fresh exact index of every block."""
         embedder = RealmEmbedder.from_pretrained(embedder_dir).eval()
-        return recall_at_k(embedder, fresh_index(embedder, self.tokenizer, self.blocks), self.queries, RECALL_K)
+        return recall_at_k(embedder, exact_index(embedder, self.blocks, self.tokenizer), self.queries, RECALL_K)
 
     def pretrain(self, refresh_mode: str) -> dict:
         """`train pretrain` with the oracle reader from the random start; returns pretraining.json."""

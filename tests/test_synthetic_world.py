@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from openrealm.trainers import synthetic_world
-from openrealm.trainers.synthetic_world import DATE_PATTERN, World, generate_world
+from openrealm.trainers.cli import main as openrealm_main
+from openrealm.trainers.world import synthetic_world
+from openrealm.trainers.world.synthetic_world import DATE_PATTERN, World, generate_world
 
 MODULE_PATH = Path(synthetic_world.__file__)
 KIND_WORDS = {"River", "Mount", "Works", "Company", "Guild", "Foundry", "Press", "Society", "Trading", "House", "Bank"}
@@ -295,26 +296,23 @@ def test_bad_arguments_are_refused(arguments, message):
 
 
 def test_command_line_writes_world_and_vocabulary(tmp_path, capsys):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    synthetic_world.add_arguments(parser)
-    args = parser.parse_args(
-        ["--output", str(tmp_path / "world"), "--tokenizer-output", str(tmp_path / "tokenizer"), "--num-people", "20"]
-    )
-    assert synthetic_world.run(args) == 0
+    argv = [
+        "--output",
+        str(tmp_path / "world"),
+        "--tokenizer-output",
+        str(tmp_path / "tokenizer"),
+        "--num-people",
+        "20",
+    ]
+    assert openrealm_main(["world", *argv]) == 0
     assert World.read(tmp_path / "world") == generate_world(seed=0, num_people=20)
     assert (tmp_path / "tokenizer" / "vocab.txt").read_text().splitlines()[:2] == ["[PAD]", "[UNK]"]
     assert "sentences" in capsys.readouterr().out
 
 
 def test_command_line_writes_a_world_with_meetings(tmp_path):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    synthetic_world.add_arguments(parser)
-    args = parser.parse_args(["--output", str(tmp_path / "world"), "--num-people", "20", "--mentions-per-person", "4"])
-    assert synthetic_world.run(args) == 0
+    argv = ["--output", str(tmp_path / "world"), "--num-people", "20", "--mentions-per-person", "4"]
+    assert openrealm_main(["world", *argv]) == 0
     world = World.read(tmp_path / "world")
     assert world == generate_world(seed=0, num_people=20, mentions_per_person=4)
     assert world.config["mentions_per_person"] == 4 and sum(f["relation"] == "met" for f in world.facts) == 40

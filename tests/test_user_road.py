@@ -26,7 +26,7 @@ from openrealm import RealmPreTrainedModel
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import towers
 from openrealm.trainers.cli import main
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.world.synthetic_world import generate_world
 
 WORLD = {
     "num_people": 16,

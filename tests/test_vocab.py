@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 from openrealm import RealmTokenizer
 from openrealm.tokenization import vocab as vocab_module
 from openrealm.tokenization.vocab import SPECIAL_TOKENS, train_wordpiece_vocab
-from openrealm.trainers.synthetic_world import generate_world
+from openrealm.trainers.world.synthetic_world import generate_world
 
 
 @pytest.fixture(scope="module")

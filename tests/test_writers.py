@@ -66,11 +66,11 @@ def waiting():
 
 
 def race(monkeypatch, waiting, first, second, held=corpus_edit) -> dict:
-    """first() in one thread, held inside its embedding of blocks (`held.embed_blocks`: it has read the corpus), while
+    """first() in one thread, held inside its embedding of blocks (`held.embed_corpus`: it has read the corpus), while
     second() runs in another; the first goes on once the second has finished or is waiting for it. Returns
     {"first": its result, "second": its result} (the exception where one raised)."""
     inside, go, results = threading.Event(), threading.Event(), {}
-    embed = held.embed_blocks
+    embed = held.embed_corpus
 
     def held_embed(*args, **kwargs):
         if threading.current_thread().name == "first":
@@ -78,7 +78,7 @@ def race(monkeypatch, waiting, first, second, held=corpus_edit) -> dict:
             go.wait(WAIT_SECONDS)
         return embed(*args, **kwargs)
 
-    monkeypatch.setattr(held, "embed_blocks", held_embed)
+    monkeypatch.setattr(held, "embed_corpus", held_embed)
     threading.Thread(target=lambda: waiting.wait(WAIT_SECONDS) and go.set(), daemon=True).start()
 
     def call(name: str, function) -> None:

@@ -33,17 +33,17 @@ import sys
 EXIT_STATUS = "exit status: 0 done; 1 failed (e.g. weights missing, a model not found); 2 bad arguments or input"
 
 # (group, command) -> (module whose run(args) does the job, help, the function of openrealm.trainers.options that adds
-# the job's options; None: the module's own add_arguments, for modules that import nothing heavy).
+# the job's options).
 JOBS = {
     ("quickstart", None): (
         "openrealm.trainers.quickstart",
         "the whole REALM lifecycle on a generated world of fictional entities (8-10 min on 2 CPU cores)",
-        None,
+        "quickstart",
     ),
     ("world", None): (
-        "openrealm.trainers.synthetic_world",
+        "openrealm.trainers.world.synthetic_world",
         "generate the synthetic world of fictional entities",
-        None,
+        "world",
     ),
     ("corpus", "build"): (
         "openrealm.tokenization.corpus",
@@ -136,10 +136,7 @@ def add_jobs(commands, selected: tuple[str, str | None] | None) -> None:
             parser = groups[group].add_parser(command, help=help_text, description=help_text)
         if (group, command) != selected:
             continue
-        if options is None:
-            importlib.import_module(module_name).add_arguments(parser)
-        else:
-            getattr(importlib.import_module("openrealm.trainers.options"), options)(parser)
+        getattr(importlib.import_module("openrealm.trainers.options"), options)(parser)
         parser.set_defaults(handler=functools.partial(run_job, module_name))
 
 

@@ -40,7 +40,7 @@ import pyarrow as pa
 import torch
 
 from openrealm import RealmRetriever
-from openrealm.file_utils import atomic_directory, link_or_copy, writer_lock
+from openrealm.file_utils import atomic_directory, link_or_copy, write_text_atomic, writer_lock
 from openrealm.retrieval_realm import BLOCK_INDEX_DIR, BLOCK_RECORDS_NAME
 from openrealm.tokenization.corpus import (
     BLOCKS_DIR,
@@ -64,7 +64,7 @@ from openrealm.tokenization.corpus import (
     write_removed_block_ids,
 )
 from openrealm.tokenization.sources import PASSAGE_ID, InputOptions
-from openrealm.trainers.index_builder import embed_blocks
+from openrealm.trainers.embedding import embed_corpus
 from openrealm.trainers.towers import load_embedder
 
 # Entries of DIR that a new version writes; everything else (model weights, cards, tokenizer extras) is carried over.
@@ -179,7 +179,7 @@ def edit_corpus(
             if retriever.has_index:
                 index = retriever.index
                 block_embedder = _block_embedder(index, embedder, folder)
-                block_emb = embed_blocks(
+                block_emb = embed_corpus(
                     block_embedder,
                     new_blocks,
                     retriever.tokenizer,
@@ -309,11 +309,7 @@ def _write_corpus_files(
         config["span_annotators"] = sorted(set(config.get("span_annotators", [])) | set(names))
     entries = set(os.listdir(staging)) - {".scratch"}
     config["files"] = sorted(set(config.get("files", [])) | entries | {CONFIG_NAME})
-    with open(Path(staging) / CONFIG_NAME, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+    write_text_atomic(Path(staging) / CONFIG_NAME, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     return config
 
 

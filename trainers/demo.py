@@ -196,18 +196,3 @@ def run(args: argparse.Namespace) -> int:
     finally:
         demo.close()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from openrealm.trainers.options import demo as demo_options
-
-    parser = argparse.ArgumentParser(prog="openrealm demo", description=__doc__.split("\n")[0])
-    demo_options(parser)
-    return run(parser.parse_args(argv))
-
-
-__all__ = ["answers_html", "ask", "blocks_html", "build_demo", "highlight", "load_question_answerer", "resolve_model"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

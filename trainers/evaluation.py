@@ -25,7 +25,7 @@ from openrealm.file_utils import check_apart, write_text_atomic
 from openrealm.tokenization.corpus import iter_jsonl, json_type
 from openrealm.tokenization.sources import is_hub_name, load_hub_dataset
 from openrealm.trainers.options import DEFAULT_RECALL_KS
-from openrealm.trainers.options import evaluate as evaluate_options
+from openrealm.trainers.stage_utils import eval_mode
 from openrealm.trainers.towers import check_model_folder
 
 METRIC_SCRIPT = Path(__file__).parent / "metrics" / "realm_open_qa" / "realm_open_qa.py"
@@ -318,14 +318,12 @@ def evaluate_open_qa(
     hits = {k: 0 for k in ks}
     oracle = correct_count = 0
     predictions = []
-    was_training = model.training
-    model.eval()
     batches = list(_batches(rows, batch_size))
     if progress:
         from tqdm.auto import tqdm
 
         batches = tqdm(batches, desc="evaluating", unit="batch")
-    try:
+    with eval_mode(model):
         with torch.inference_mode():
             for batch in batches:
                 for row, result in zip(batch, _predict_batch(model, batch, num_read, num_retrieved, block_searcher)):
@@ -350,8 +348,6 @@ def evaluate_open_qa(
                             **passage_ids_of(records, result["block_ids"][:num_read], result["predicted_block_id"]),
                         }
                     )
-    finally:
-        model.train(was_training)
     count = len(predictions)
     matches = sorted({row["match"] for row in rows})
     results = {"exact_match": 100.0 * correct_count / count}
@@ -451,27 +447,3 @@ def run(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{key} {results[key]:.2f}" for key in results if key == "exact_match" or "@" in key)
     print(f"{results['count']} questions: {summary}, reader_oracle {results['reader_oracle']:.2f} -> {args.output}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="openrealm evaluate", description=__doc__.split("\n")[0])
-    evaluate_options(parser)
-    return run(parser.parse_args(argv))
-
-
-__all__ = [
-    "dataset_identity",
-    "evaluate_open_qa",
-    "exact_match",
-    "has_answer",
-    "load_open_qa_metric",
-    "load_qa_dataset",
-    "normalize_answer",
-    "read_results",
-    "regex_match",
-    "write_results",
-]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,13 +17,10 @@ result is a `RealmEmbedder` folder (plus the corpus tokenizer) in OUTPUT: `Realm
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,31 +29,30 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
-from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmPreTrainedModel
-from openrealm.file_utils import check_apart, writer_lock
+from openrealm import RealmConfig, RealmEmbedder, RealmPreTrainedModel
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
-    is_staging_leftover,
-    remove_stale_staging,
     resolve_resume,
 )
 from openrealm.trainers.dropped import check_dropped
-from openrealm.trainers.index_builder import embed_blocks, leave_process_group
-from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE, MAX_DROPPED_SHARE, train_ict
+from openrealm.trainers.embedding import embed_corpus, embed_queries, exact_index
+from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE, MAX_DROPPED_SHARE
 from openrealm.trainers.output import quiet_trainer_logs
-from openrealm.trainers.towers import check_tokenizer, fit_length, load_embedder, save_tower
+from openrealm.trainers.stage_utils import (
+    google_warmup_steps,
+    holding_output,
+    leave_process_group,
+    parse_config_overrides,
+    prepare_output,
+)
+from openrealm.trainers.towers import check_tokenizer, fit_length, freeze_unused_mlm_head, load_embedder, save_tower
 
 # Google's ORQA ICT defaults (orqa/experiments/ict_experiment.py, orqa/datasets/ict_dataset.py).
 QUERY_SEQ_LEN = 64
 BLOCK_SEQ_LEN = 288
 CORPUS_COLUMNS = ("title_ids", "token_ids", "sentence_starts")
 LABEL_NAMES = ["sentence_removed", "example_mask"]  # what Trainer hands compute_ict_metrics as label_ids
-
-
-def google_warmup_steps(max_steps: int) -> int:
-    """Google's warm-up: min(10000, max(100, max_steps / 10)) steps (BERT optimisation, used by ICT and ORQA)."""
-    return int(min(10000, max(100, max_steps // 10)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -245,16 +241,6 @@ class IctOutput(ModelOutput):
     correct: torch.FloatTensor | None = None
 
 
-def freeze_unused_mlm_head(embedder: RealmEmbedder) -> None:
-    """Freeze the MLM head inside a RealmEmbedder: it exists only so published checkpoints load and takes no part in
-    retrieval. Frozen, it needs no gradient and DDP needs no unused-parameter search. Parameters the head shares with
-    the encoder (none in the published layout) stay trainable."""
-    used = {id(p) for name, p in embedder.named_parameters() if not name.startswith("cls.predictions.")}
-    for parameter in embedder.cls.predictions.parameters():
-        if id(parameter) not in used:
-            parameter.requires_grad_(False)
-
-
 class IctModel(RealmPreTrainedModel):
     """One `RealmEmbedder` for queries and blocks, trained with the in-batch softmax loss of ICT.
 
@@ -354,35 +340,6 @@ def expected_dropped(blocks, mask_rate: float) -> tuple[int, dict[str, int], dic
     return len(blocks), dropped, causes
 
 
-def parse_config_overrides(text: str | None) -> dict:
-    """ "hidden_size=64,num_hidden_layers=2,hidden_act=gelu" -> {"hidden_size": 64, ...} (values read as JSON when
-    they parse, else kept as strings)."""
-    overrides = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"config override {item!r} is not key=value")
-        try:
-            overrides[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key.strip()] = value.strip()
-    return overrides
-
-
-@torch.no_grad()
-def embed_queries(embedder: RealmEmbedder, queries: list[list[int]], tokenizer, batch_size: int = 128) -> torch.Tensor:
-    """Query input ids (`[CLS] sentence [SEP]` rows) -> embeddings [Q, P] float32 on the CPU (eval mode)."""
-    was_training = embedder.training
-    embedder.eval()
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    out = []
-    for start in range(0, len(queries), batch_size):
-        ids, mask = pad_rows(queries[start : start + batch_size], pad_id)
-        out.append(embedder(ids.to(embedder.device), attention_mask=mask.to(embedder.device)).projected_score)
-    embedder.train(was_training)
-    return torch.cat(out).float().cpu()
-
-
 def sample_sentence_queries(blocks, num_queries: int, seed: int, tokenizer, query_seq_len: int = QUERY_SEQ_LEN):
     """num_queries blocks (without replacement, at most all) and one sentence of each, uniformly, from `seed`.
 
@@ -430,16 +387,17 @@ def evaluate_retrieval(
     if not 1 <= k <= num_blocks:
         raise ValueError(f"k must be in [1, {num_blocks}] (the corpus size), got {k}")
     embed = dict(batch_size=batch_size, max_length=block_seq_len, progress=False)
-    index = RealmBlockIndex.build(embed_blocks(embedder, blocks, tokenizer, **embed), "exact")
+    index = exact_index(embedder, blocks, tokenizer, block_seq_len, batch_size)
     own, queries, removed = sample_sentence_queries(blocks, num_queries, seed, tokenizer, query_seq_len)
-    query_emb = embed_queries(embedder, queries, tokenizer, batch_size)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    query_emb = embed_queries(embedder, *pad_rows(queries, pad_id), batch_size).cpu()
     _, top_ids = index.search(query_emb, k)
     kept = (top_ids == own[:, None]).any(dim=1).float().mean().item()
 
     recall_removed = float("nan")
     if removed["position"]:
         positions = torch.tensor(removed.pop("position"))
-        removed_emb = embed_blocks(embedder, datasets.Dataset.from_dict(removed), tokenizer, **embed)
+        removed_emb = embed_corpus(embedder, datasets.Dataset.from_dict(removed), tokenizer, **embed)
         own_score = (query_emb[positions] * removed_emb).sum(-1)
         if num_blocks - 1 < k:  # fewer than k other blocks exist: the own block is always in the top k
             hits = torch.ones_like(own_score, dtype=torch.bool)
@@ -565,60 +523,6 @@ def summary_line(trainer, summary: dict) -> str:
     return ", ".join(parts)
 
 
-def holding_output(run: Callable[..., int]) -> Callable[..., int]:
-    """A training job's run(args, ...) holding the writer lock of args.output (file_utils.writer_lock) for the whole
-    run, on the main process (RANK 0): a second job into the same --output while one runs is refused at once
-    (WriterBusyError, exit 2) instead of both passing prepare_output's checks on a folder that is still empty and
-    then replacing each other's checkpoints and model. The lock is taken before prepare_output's checks."""
-
-    @functools.wraps(run)
-    def locked(args: argparse.Namespace, *more, **kwargs) -> int:
-        if int(os.environ.get("RANK", "0")) != 0:
-            return run(args, *more, **kwargs)
-        with writer_lock(args.output, wait=False):
-            return run(args, *more, **kwargs)
-
-    return locked
-
-
-def prepare_output(
-    output: str | os.PathLike,
-    overwrite: bool,
-    resume: bool,
-    inputs: Iterable = (),
-    earlier_run: Iterable[str] = ("checkpoint-*",),
-    resumable: bool = True,
-    kept: Iterable[str] = (),
-) -> None:
-    """Refuse an OUTPUT that is, holds or lies inside one of `inputs` ((flag, path) pairs: the corpus, the model it
-    starts from...), and a non-empty OUTPUT (an earlier run's) unless resuming or overwriting; --overwrite removes the
-    entries of OUTPUT matching the `earlier_run` patterns (the old checkpoint-* folders, which Trainer's rotation would
-    otherwise count as this run's and `--resume-from-checkpoint last` would continue). The staging folders of
-    checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty. resumable: whether the
-    job takes --resume-from-checkpoint (the refusal suggests it). kept: names of entries that are no earlier run (e.g.
-    what `train pretrain --preflight` writes) and do not make OUTPUT non-empty either; --overwrite keeps them."""
-    check_apart(output, inputs, "--output")
-    path = Path(output)
-    main = int(os.environ.get("RANK", "0")) == 0
-    if main:
-        remove_stale_staging(path)
-    kept = set(kept)
-    if resume or not path.is_dir() or all(is_staging_leftover(p.name) or p.name in kept for p in path.iterdir()):
-        return
-    if not overwrite:
-        resuming = " or --resume-from-checkpoint to continue" if resumable else ""
-        raise FileExistsError(
-            f"output folder {path} is not empty: pass --overwrite to replace it{resuming}, or choose another --output"
-        )
-    if main:
-        for pattern in earlier_run:
-            for entry in path.glob(pattern):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-
-
 def training_summary(args: argparse.Namespace, trainer, train_loss: float) -> dict:
     """What ict_training.json records about the run."""
     return {
@@ -689,13 +593,3 @@ def run(args: argparse.Namespace) -> int:
             tokenizer.push_to_hub(args.push_to_hub)
     leave_process_group(trainer.accelerator.state)  # Trainer logs through callbacks: no accelerate trackers
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="openrealm train ict", description=__doc__.split("\n\n")[0])
-    train_ict(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

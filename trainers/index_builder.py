@@ -40,17 +40,15 @@ import shutil
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from openrealm import RealmBlockIndex, ShardedBlockIndex
-from openrealm.file_utils import atomic_directory, check_apart, write_text_atomic, writer_lock
+from openrealm.file_utils import atomic_directory, check_apart, fsync_directory, write_text_atomic, writer_lock
 from openrealm.index_realm import (
     resolve_index_params,
     save_block_emb_shard,
@@ -59,12 +57,13 @@ from openrealm.index_realm import (
 )
 from openrealm.retrieval_realm import BLOCK_INDEX_DIR
 from openrealm.tokenization.corpus import (
-    batch_retriever_inputs,
     load_corpus,
     read_corpus_config,
     read_removed_block_ids,
 )
-from openrealm.trainers.options import DTYPE_NAMES, MAX_BLOCK_LENGTH, index_build
+from openrealm.trainers.embedding import arrow_table, embed_corpus, gather_shards, resolve_dtype
+from openrealm.trainers.options import MAX_BLOCK_LENGTH
+from openrealm.trainers.stage_utils import leave_process_group
 from openrealm.trainers.towers import check_corpus_ids, fit_length, load_embedder
 
 if TYPE_CHECKING:
@@ -73,8 +72,6 @@ if TYPE_CHECKING:
 INDEX_SUBDIR = "block_index"
 BUILD_INFO_NAME = "build_info.json"
 VERSION_PATTERN = re.compile(r"^v(\d{6,})$")
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
-GATHER_CHUNK_ROWS = 2**18  # rows all-gathered at a time: peak extra memory world_size * 2^18 * dim floats
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -85,211 +82,14 @@ GATHER_CHUNK_ROWS = 2**18  # rows all-gathered at a time: peak extra memory worl
 def corpus_fingerprint(blocks) -> str:
     """sha256 over the blocks' uids in block order: identifies the corpus content and the row order of an index."""
     digest = hashlib.sha256()
-    for chunk in _arrow_table(blocks).column("uid").chunks:
+    for chunk in arrow_table(blocks).column("uid").chunks:
         digest.update("".join(f"{uid}\n" for uid in chunk.to_pylist()).encode())
     return digest.hexdigest()
-
-
-def _arrow_table(blocks):
-    """The pyarrow table behind a blocks dataset (row i = block i), or blocks itself if it is a pyarrow table."""
-    if hasattr(blocks, "_indices") and blocks._indices is not None:  # a select()/shuffle() view: rows != block ids
-        raise ValueError("pass the corpus blocks dataset itself (corpus.load_corpus), not a select()/shuffle() view")
-    return blocks.data.table if hasattr(blocks, "data") else blocks
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Embedding
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def shard_range(num_blocks: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Contiguous share [start, stop) of block ids for rank; share sizes differ by at most one."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    return ShardedBlockIndex.shard_range(num_blocks, rank, world_size)
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """'auto' -> bfloat16 on CUDA (float16 where bf16 is unsupported), float32 elsewhere."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}, expected auto or one of {sorted(DTYPES)}")
-    if DTYPES[dtype] == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"{device} does not support bfloat16; use --dtype float16")
-    return DTYPES[dtype]
-
-
-def block_lengths(blocks, max_length: int = MAX_BLOCK_LENGTH) -> np.ndarray:
-    """Retriever input length of every block [N]: min(max_length, 3 + len(title_ids) + len(token_ids))."""
-    import pyarrow.compute as pc
-
-    table = _arrow_table(blocks)
-    title = pc.list_value_length(table.column("title_ids")).to_numpy(zero_copy_only=False)
-    body = pc.list_value_length(table.column("token_ids")).to_numpy(zero_copy_only=False)
-    return np.minimum(max_length, 3 + title.astype(np.int64) + body)
-
-
-def length_batches(lengths: np.ndarray, batch_size: int, sort_by_length: bool = True) -> list[np.ndarray]:
-    """Positions 0..len(lengths)-1 cut into batches; sorted longest first (an out-of-memory shows on the first batch,
-    and each batch pads only to blocks of about its own length)."""
-    order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(len(lengths))
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-
-
-class _BlockBatches(torch.utils.data.Dataset):
-    """Batch i -> (positions [B] in the shard, padded inputs [B, L] with L = the batch's longest block)."""
-
-    def __init__(self, table, batches: Sequence[np.ndarray], first_id: int, tokenizer, max_length: int):
-        self.table, self.batches, self.first_id = table.select(["title_ids", "token_ids"]), batches, first_id
-        self.tokenizer, self.max_length = tokenizer, max_length
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        positions = self.batches[i]
-        rows = self.table.take(positions + self.first_id).to_pydict()
-        return torch.from_numpy(positions), batch_retriever_inputs(rows, self.tokenizer, self.max_length)
-
-
-@contextmanager
-def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
-    """eval() for the duration (no dropout), then the caller's mode back (the trainer's embedder is in train mode)."""
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
-
-
-def embed_blocks(
-    embedder: torch.nn.Module,
-    blocks,
-    tokenizer,
-    *,
-    batch_size: int = 128,
-    device: str | torch.device | None = None,
-    dtype: str | torch.dtype = "auto",
-    max_length: int = MAX_BLOCK_LENGTH,
-    shard: tuple[int, int] = (0, 1),
-    sort_by_length: bool = True,
-    num_workers: int = 0,
-    progress: bool = True,
-) -> torch.Tensor:
-    """Embed the blocks of one shard -> float32 CPU tensor [N_shard, P], row i = block shard_start + i.
-
-    blocks: the corpus `blocks` dataset (openrealm.tokenization.corpus.load_corpus) or its pyarrow table; tokenizer:
-    the corpus tokenizer (its [CLS]/[SEP]/[PAD] ids); shard = (rank, world_size) takes the contiguous share
-    shard_range(len(blocks), rank, world_size). The embedder is moved to device (default: where it is) and run in eval
-    mode under inference_mode, with autocast to dtype unless float32 ('auto': bf16 on CUDA, float32 elsewhere).
-    """
-    from tqdm.auto import tqdm
-
-    device = torch.device(device) if device is not None else next(embedder.parameters()).device
-    compute_dtype = resolve_dtype(dtype, device)
-    start, stop = shard_range(len(_arrow_table(blocks)), *shard)
-    dim = embedder.config.retriever_proj_size
-    out = torch.empty(stop - start, dim, dtype=torch.float32)
-    if stop == start:
-        return out
-    table = _arrow_table(blocks)
-    lengths = block_lengths(table.slice(start, stop - start), max_length)
-    _check_embedder_fits(embedder, int(lengths.max()), max_length)
-    batches = length_batches(lengths, batch_size, sort_by_length)
-    loader = torch.utils.data.DataLoader(
-        _BlockBatches(table, batches, start, tokenizer, max_length),
-        batch_size=None,
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
-    )
-    autocast = torch.autocast(device.type, dtype=compute_dtype) if compute_dtype != torch.float32 else nullcontext()
-    embedder.to(device)
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-    name = "embedding" if shard[1] == 1 else f"embedding shard {shard[0] + 1}/{shard[1]}"
-    bar = tqdm(total=stop - start, unit="block", desc=name, disable=not progress)
-    with _eval_mode(embedder), torch.inference_mode(), autocast:
-        for positions, inputs in loader:
-            inputs = {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
-            pending.append((positions, embedder(**inputs).projected_score))
-            if len(pending) == 32:  # one device->host sync per 32 batches keeps the GPU queue full
-                _flush(pending, out)
-            bar.update(len(positions))
-    _flush(pending, out)
-    bar.close()
-    return out
-
-
-def _flush(pending: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:
-    if pending:
-        out[torch.cat([p for p, _ in pending])] = torch.cat([e for _, e in pending]).to("cpu", torch.float32)
-        pending.clear()
-
-
-def _check_embedder_fits(embedder: torch.nn.Module, longest: int, max_length: int) -> None:
-    """The longest block input (at most max_length) fits the embedder's positions (else it would fail mid-run)."""
-    config = embedder.config
-    if longest > config.max_position_embeddings:
-        raise ValueError(
-            f"blocks of {longest} wordpieces (max_length={max_length}) exceed the embedder's max_position_embeddings="
-            f"{config.max_position_embeddings} ({getattr(config, '_name_or_path', '') or 'embedder'}): pass "
-            f"--max-length {config.max_position_embeddings} (max_length=) to cut them"
-        )
-
-
-# How often a builder started with --parent-pid checks that its parent still runs.
-PARENT_POLL_SECONDS = 0.2
-# Seconds every rank sleeps (GIL released) before leaving the process group; see leave_process_group.
-GLOO_DRAIN_SECONDS = 0.5
-
-
-def leave_process_group(state: PartialState) -> None:
-    """Every rank waits for the others, then leaves the process group without hanging or aborting.
-
-    Two torch/gloo hazards at the end of a multi-process run. A rank that exits with gloo's threads still up aborts
-    ("terminate called without an active exception"), so every rank destroys the group. And gloo's worker threads
-    free a finished collective's work *after* the caller has returned from it; that drops Python tensors, which
-    needs the GIL. When the last reference to the group goes (the DDP wrapper's Reducer as `run` returns, or the
-    group itself), it joins those threads while holding the GIL: a worker still waiting for the GIL deadlocks the
-    rank (1 two-process ICT run in 10-40 on 2 busy cores; py-spy: main thread in ~ProcessGroupGloo ->
-    thread::join, worker in ~AsyncBarrierWork -> gil_scoped_acquire). Sleeping releases the GIL so the workers
-    finish first; no collective follows, so they stay idle until joined. state: a PartialState or AcceleratorState.
-    """
-    state.wait_for_everyone()
-    if state.num_processes > 1:
-        time.sleep(GLOO_DRAIN_SECONDS)
-    state.destroy_process_group()
-
-
-def gather_shards(local: torch.Tensor, num_blocks: int, state=None) -> torch.Tensor | None:
-    """Join every rank's embed_blocks output [N_shard, P] into [num_blocks, P] in block order (on the main process;
-    None elsewhere). state: an accelerate Accelerator/PartialState, or None for a single process. The shares are
-    all-gathered GATHER_CHUNK_ROWS rows at a time, padded to the same size (collectives need equal shapes)."""
-    if state is None or state.num_processes == 1:
-        return local
-    from accelerate.utils import gather
-
-    world = state.num_processes
-    ranges = [shard_range(num_blocks, rank, world) for rank in range(world)]
-    largest = max(stop - start for start, stop in ranges)
-    out = torch.empty(num_blocks, local.shape[1], dtype=torch.float32) if state.is_main_process else None
-    for offset in range(0, largest, GATHER_CHUNK_ROWS):
-        rows = min(GATHER_CHUNK_ROWS, largest - offset)
-        piece = torch.zeros(rows, local.shape[1], dtype=torch.float32, device=state.device)
-        mine = local[offset : offset + rows]
-        piece[: len(mine)] = mine.to(state.device)
-        gathered = gather(piece)  # [world * rows, P], rank-major
-        if out is not None:
-            gathered = gathered.to("cpu").view(world, rows, -1)
-            for rank, (start, stop) in enumerate(ranges):
-                count = max(0, min(rows, stop - start - offset))
-                out[start + offset : start + offset + count] = gathered[rank, :count]
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -390,31 +190,13 @@ def _write_version(
     with atomic_directory(target) as staging:  # refuses a version that appears meanwhile
         (Path(staging) / INDEX_SUBDIR).mkdir()
         write_files(Path(staging) / INDEX_SUBDIR)
-        _write_json(Path(staging) / BUILD_INFO_NAME, build_info)
-    _fsync_dir(output_dir)
+        write_text_atomic(Path(staging) / BUILD_INFO_NAME, json.dumps(build_info, indent=2, sort_keys=True) + "\n")
+    fsync_directory(output_dir)
     if keep:
         for old in list_versions(output_dir)[:-keep]:
             if old != version:  # the version written is kept even when it is not among the newest
                 shutil.rmtree(output_dir / version_dir_name(old), ignore_errors=True)
     return target
-
-
-def _write_json(path: Path, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # not possible on every platform; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -489,7 +271,7 @@ def build_index(
         raise ValueError(f"keep must be >= 1 (versions kept; None keeps all), got {keep}")
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     is_main = accelerator is None or accelerator.is_main_process
-    _check_num_shards(num_shards, world, index_type, layout)
+    check_num_shards(num_shards, world, index_type, layout)
     corpus_dir, output_dir = Path(corpus_dir), Path(output_dir).absolute()
     blocks = load_corpus(corpus_dir)
     embedder_name = os.fspath(embedder) if isinstance(embedder, (str, os.PathLike)) else _model_name(embedder)
@@ -513,7 +295,7 @@ def build_index(
     tokenizer = AutoTokenizer.from_pretrained(corpus_dir)
 
     def embed(shard: tuple[int, int]) -> torch.Tensor:
-        return embed_blocks(
+        return embed_corpus(
             embedder,
             blocks,
             tokenizer,
@@ -581,7 +363,7 @@ def build_index(
     return index if index is not None else RealmBlockIndex.from_pretrained(index_dir)
 
 
-def _check_num_shards(num_shards: int, world: int, index_type: str, layout: str) -> None:
+def check_num_shards(num_shards: int, world: int, index_type: str, layout: str) -> None:
     """Refuse a sharded build that cannot be written: not exact, plain layout, or not one shard per process."""
     if num_shards == 1:
         return
@@ -627,26 +409,7 @@ def _build_info(index_type, version, num_blocks, dim, corpus_dir, blocks, embedd
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def exit_with_parent(parent: int, poll_seconds: float = PARENT_POLL_SECONDS) -> threading.Thread:
-    """Exit this process (code 3, nothing more written) once `parent`, the pid of the process that started it, is gone.
-
-    A dead parent's children are re-parented at once, even while it is an unreaped zombie, so our parent pid differing
-    from `parent` is the signal (also when the parent died before this was called); a thread polls it. (prctl's
-    PR_SET_PDEATHSIG would not do: it fires when the parent *thread* that started this process ends, and the refresh
-    callback starts builders from a short-lived thread.)"""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_seconds)
-        print(f"index builder: parent process {parent} is gone; exiting without writing", file=sys.stderr)
-        os._exit(3)
-
-    watcher = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
-    watcher.start()
-    return watcher
-
-
-def _process_state(device: str | None) -> tuple[PartialState, torch.device]:
+def process_state(device: str | None) -> tuple[PartialState, torch.device]:
     """accelerate's PartialState of this process and the device to embed on."""
     from accelerate import PartialState
 
@@ -658,7 +421,7 @@ def _process_state(device: str | None) -> tuple[PartialState, torch.device]:
     return state, torch.device(device) if device else state.device
 
 
-def _build_from_args(
+def build_from_args(
     args: argparse.Namespace,
     state: PartialState,
     device: torch.device,
@@ -697,9 +460,9 @@ def run(args: argparse.Namespace) -> int:
     """`openrealm index build`: embed the corpus and write the index (under accelerate launch, sharded)."""
     if getattr(args, "parent_pid", None) is not None:
         exit_with_parent(args.parent_pid)
-    state, device = _process_state(args.device)
+    state, device = process_state(args.device)
     try:  # before the embedder loads: a refused combination costs nothing
-        _check_num_shards(args.num_shards, state.num_processes, args.index_type, args.layout)
+        check_num_shards(args.num_shards, state.num_processes, args.index_type, args.layout)
     except ValueError as error:
         raise ValueError(f"--num-shards {args.num_shards}: {error}") from None
     # The one output inside an input: a plain index at CORPUS/block_index, where RealmRetriever.from_pretrained(CORPUS)
@@ -713,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
         inputs = [item for item in inputs if item is None or not beside_versions(item[1], args.output)]
     check_apart(args.output, inputs, "--output")
     with writer_lock(args.corpus) if own_index and state.is_main_process else nullcontext():
-        index = _build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
+        index = build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
     if state.is_main_process:
         where = Path(args.output).absolute()
         if args.layout == "versioned":
@@ -726,90 +489,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# The served builder: one long-lived process doing every asynchronous build of a pre-training run, as Google's
-# refresher is one long-running job. A build per process paid the start-up (importing torch and transformers, about
-# 8 s of CPU, and on a GPU a new CUDA context) for every refresh (benchmarks/RESULTS.md, issue 14).
-BUILD_LOG_NAME = "build.log"  # in the snapshot folder: that build's output
-BUILD_STATUS_NAME = "build_status.json"  # in the snapshot folder, written (atomically) when the build has ended
+# How often a builder started with --parent-pid checks that its parent still runs.
+PARENT_POLL_SECONDS = 0.2
 
 
-def build_request(snapshot_dir: str | os.PathLike, version: int) -> str:
-    """One line of the served builder's input: build index `version` with the embedder saved in `snapshot_dir`."""
-    return json.dumps({"embedder": str(Path(snapshot_dir).absolute()), "version": int(version)}) + "\n"
+def exit_with_parent(parent: int, poll_seconds: float = PARENT_POLL_SECONDS) -> threading.Thread:
+    """Exit this process (code 3, nothing more written) once `parent`, the pid of the process that started it, is gone.
 
+    A dead parent's children are re-parented at once, even while it is an unreaped zombie, so our parent pid differing
+    from `parent` is the signal (also when the parent died before this was called); a thread polls it. (prctl's
+    PR_SET_PDEATHSIG would not do: it fires when the parent *thread* that started this process ends, and the refresh
+    callback starts builders from a short-lived thread.)"""
 
-def read_build_status(snapshot_dir: str | os.PathLike) -> int | None:
-    """The exit status of the served build of `snapshot_dir` (0: written), or None while it has not ended."""
-    path = Path(snapshot_dir) / BUILD_STATUS_NAME
-    return int(json.loads(path.read_text())["returncode"]) if path.is_file() else None
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        print(f"index builder: parent process {parent} is gone; exiting without writing", file=sys.stderr)
+        os._exit(3)
 
-
-@contextmanager
-def _output_to(path: Path) -> Iterator[None]:
-    """This process's stdout and stderr (file descriptors 1 and 2, C level included) into `path` for the block."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(path, "ab") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-
-
-def serve(args: argparse.Namespace, requests=None) -> int:
-    """`python -m openrealm.trainers.index_builder serve --corpus DIR --output ROOT [build options]`: build index
-    versions, one per line of `requests` (default standard input; see `build_request`) until it ends.
-
-    Each build writes ROOT/vNNNNNN as `openrealm index build` does, its output goes to SNAPSHOT/build.log and its exit
-    status (0, or 1 with the traceback in the log) to SNAPSHOT/build_status.json once it has ended; a failed build
-    does not stop the builder. With --parent-pid the process exits, writing nothing more, once that process is gone."""
-    if args.parent_pid is not None:
-        exit_with_parent(args.parent_pid)
-    state, device = _process_state(args.device)
-    _check_num_shards(args.num_shards, state.num_processes, args.index_type, "versioned")
-    for line in sys.stdin if requests is None else requests:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        snapshot = Path(request["embedder"])
-        with _output_to(snapshot / BUILD_LOG_NAME):
-            try:
-                index = _build_from_args(args, state, device, str(snapshot), int(request["version"]))
-                print(f"Wrote {index.index_type} index version {index.version} of {index.num_blocks} x {index.dim}")
-                returncode = 0
-            except Exception:
-                traceback.print_exc()
-                returncode = 1
-            finally:
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()  # the trainer shares this GPU between builds
-        write_text_atomic(snapshot / BUILD_STATUS_NAME, json.dumps({"returncode": returncode}) + "\n")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["serve"]:
-        parser = argparse.ArgumentParser(
-            prog="python -m openrealm.trainers.index_builder serve",
-            description="Build index versions, one per line of standard input (the refresh's long-lived builder).",
-        )
-        index_build(parser, served=True)
-        return serve(parser.parse_args(argv[1:]))
-    parser = argparse.ArgumentParser(
-        prog="openrealm index build", description="Embed every block of a knowledge corpus and write a MIPS index."
-    )
-    index_build(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    watcher = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
+    watcher.start()
+    return watcher

@@ -31,10 +31,16 @@ from openrealm import RealmKnowledgeAugEncoder
 from openrealm.tokenization.corpus import MAX_BLOCK_LENGTH, block_retriever_inputs, load_corpus, read_removed_block_ids
 from openrealm.trainers.checkpoints import StagedCheckpointTrainer, resolve_resume
 from openrealm.trainers.dropped import check_dropped
-from openrealm.trainers.ict import google_warmup_steps, holding_output, parse_config_overrides, prepare_output
-from openrealm.trainers.index_builder import leave_process_group
-from openrealm.trainers.options import MAX_DROPPED_SHARE, train_mlm
+from openrealm.trainers.options import MAX_DROPPED_SHARE
 from openrealm.trainers.output import quiet_trainer_logs
+from openrealm.trainers.stage_utils import (
+    eval_mode,
+    google_warmup_steps,
+    holding_output,
+    leave_process_group,
+    parse_config_overrides,
+    prepare_output,
+)
 from openrealm.trainers.towers import check_tokenizer, fit_length, load_encoder, save_tower
 
 MLM_PROBABILITY = 0.15  # BERT's
@@ -119,18 +125,16 @@ def collator(tokenizer, seed: int | None = None):
 @torch.no_grad()
 def evaluate(model: MaskedLmModel, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """Masked-LM loss and accuracy over fixed, already masked batches (token-weighted means)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    loss = correct = count = 0.0
-    for batch in batches:
-        batch = {name: tensor.to(device) for name, tensor in batch.items()}
-        n = int((batch["labels"] != -100).sum())
-        if n == 0:  # nothing masked in this batch: nothing to score
-            continue
-        out = model(**batch)
-        loss, correct, count = loss + float(out.loss) * n, correct + float(out.accuracy) * n, count + n
-    model.train(was_training)
+    with eval_mode(model):
+        device = next(model.parameters()).device
+        loss = correct = count = 0.0
+        for batch in batches:
+            batch = {name: tensor.to(device) for name, tensor in batch.items()}
+            n = int((batch["labels"] != -100).sum())
+            if n == 0:  # nothing masked in this batch: nothing to score
+                continue
+            out = model(**batch)
+            loss, correct, count = loss + float(out.loss) * n, correct + float(out.accuracy) * n, count + n
     return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "masked_tokens": int(count)}
 
 
@@ -253,13 +257,3 @@ def run(args: argparse.Namespace) -> int:
         )
     leave_process_group(trainer.accelerator.state)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="openrealm train mlm", description=__doc__.split("\n\n")[0])
-    train_mlm(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -46,7 +46,6 @@ from openrealm.modeling_realm import kept_beside_model
 from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
-from openrealm.trainers.ict import google_warmup_steps, holding_output, prepare_output
 from openrealm.trainers.options import (
     EVAL_READER_BEAM_SIZE,
     MAX_DROPPED_SHARE,
@@ -58,6 +57,7 @@ from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME as DEV_RESULTS_NA
 from openrealm.trainers.options import OPENQA_LEARNING_RATE as LEARNING_RATE
 from openrealm.trainers.options import OPENQA_SUMMARY_NAME as SUMMARY_NAME
 from openrealm.trainers.output import quiet_trainer_logs
+from openrealm.trainers.stage_utils import google_warmup_steps, holding_output, prepare_output
 from openrealm.trainers.towers import (
     check_corpus_ids,
     check_same_architecture,
@@ -73,18 +73,19 @@ QUESTIONS_READ = "training questions read"  # what the drop messages count
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def embed_corpus(embedder: RealmEmbedder, corpus: str | os.PathLike, batch_size: int = 128) -> RealmBlockIndex:
-    """An exact index of the embedder's embeddings of every block of the corpus folder."""
+def frozen_corpus_index(embedder: RealmEmbedder, corpus: str | os.PathLike) -> RealmBlockIndex:
+    """An exact index of the embedder's embeddings of every block of the corpus folder, holding a frozen copy of the
+    embedder (the block tower) and the corpus's removed block ids."""
     from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
-    from openrealm.trainers.index_builder import embed_blocks
+    from openrealm.trainers.embedding import exact_index
 
     blocks = load_corpus(corpus)
     check_corpus_ids(blocks, embedder, corpus, "the embedder")
     tokenizer = AutoTokenizer.from_pretrained(corpus)
     max_length = read_corpus_config(corpus)["max_block_length"]  # the blocks' `[CLS] title [SEP] body [SEP]` length
-    max_length = fit_length(embedder, max_length, "the embedder", "the block length")
-    block_emb = embed_blocks(embedder, blocks, tokenizer, batch_size=batch_size, max_length=max_length, progress=False)
-    index = RealmBlockIndex.build(block_emb, index_type="exact")
+    index = exact_index(
+        embedder, blocks, tokenizer, fit_length(embedder, max_length, "the embedder", "the block length")
+    )
     # A frozen copy: the block tower as it embedded these blocks (blocks added later, `corpus add`, are embedded
     # alike), while the embedder itself goes on training as the question tower.
     index.embedder = copy.deepcopy(embedder).eval().requires_grad_(False)
@@ -123,7 +124,7 @@ def openqa_model_from_pretraining(
     if not isinstance(encoder, torch.nn.Module):
         encoder = load_encoder(encoder, warn_untrained_head=False)  # the reader uses no MLM head
     check_same_architecture(embedder, encoder)
-    index = embed_corpus(embedder, corpus) if index is None else load_block_index(index)
+    index = frozen_corpus_index(embedder, corpus) if index is None else load_block_index(index)
     if index.dim != embedder.config.retriever_proj_size:
         raise ValueError(
             f"The index holds {index.dim}-d embeddings but the embedder makes {embedder.config.retriever_proj_size}-d"

@@ -29,6 +29,9 @@ MIN_PASSAGE_OVERLAP = 0.5  # REALM++: a retrieved block with >= 50% of the gold 
 # what `train openqa` writes beside the model, and `push` and the quickstart read back for the model card
 OPENQA_SUMMARY_NAME = "openqa_training.json"
 OPENQA_DEV_RESULTS_NAME = "dev_results.json"
+# quickstart (QUICKSTART_PRESETS = sorted(trainers/quickstart.py: PRESETS))
+QUICKSTART_OUTPUT = "realm-quickstart"
+QUICKSTART_PRESETS = ("default", "small")
 # evaluate
 DEFAULT_RECALL_KS = (1, 5, 10, 20)
 # corpus build, index build
@@ -93,6 +96,38 @@ def index_param(text: str) -> tuple[str, int]:
     if not sep or not value.lstrip("-").isdigit():
         raise argparse.ArgumentTypeError(f"expected NAME=INT (e.g. nlist=4096), got {text!r}")
     return name, int(value)
+
+
+def quickstart(parser: argparse.ArgumentParser) -> None:
+    """Flags of `openrealm quickstart`."""
+    parser.add_argument(
+        "--output", default=QUICKSTART_OUTPUT, help=f"folder for everything (default {QUICKSTART_OUTPUT})"
+    )
+    parser.add_argument("--preset", choices=QUICKSTART_PRESETS, default="default", help="sizes (default: default)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the world, the weights and the data order")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUTPUT")
+    output_options(parser)
+
+
+def world(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `openrealm world` (generate a synthetic world, optionally with its WordPiece vocabulary)."""
+    parser.add_argument("--output", required=True, help="folder to write the world into")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
+    defaults = {"people": 120, "organizations": 40, "cities": 40, "rivers": 12, "mountains": 12, "regions": 8}
+    for kind, default in defaults.items():
+        parser.add_argument(f"--num-{kind}", type=int, default=default, help=f"number of {kind} (default {default})")
+    parser.add_argument("--questions-per-fact", type=int, default=2, choices=(1, 2), help="question wordings per fact")
+    parser.add_argument(
+        "--mentions-per-person",
+        type=int,
+        default=0,
+        help="meetings per person: names each person in many blocks that do not state what questions ask, and moves "
+        "facts' first statements out of their subject's article (default 0: the plain world)",
+    )
+    parser.add_argument("--tokenizer-output", default=None, help="also train a WordPiece vocabulary into this folder")
+    parser.add_argument("--vocab-size", type=int, default=4000, help="WordPiece vocabulary size (default 4000)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing output folders")
+    output_options(parser)
 
 
 def corpus_build(parser: argparse.ArgumentParser) -> None:
@@ -517,7 +552,7 @@ def train_openqa(parser: argparse.ArgumentParser) -> None:
 
 def index_build(parser: argparse.ArgumentParser, served: bool = False) -> None:
     """The options of `openrealm index build`. served: those of the refresh's long-lived builder
-    (`python -m openrealm.trainers.index_builder serve`), which reads each build's embedder and version from its
+    (`python -m openrealm.trainers.pretraining.builder serve`), which reads each build's embedder and version from its
     standard input and always writes the versioned layout."""
     if not served:
         parser.add_argument("--embedder", required=True, help="REALM or BERT checkpoint: local folder or Hub repo id")

@@ -51,22 +51,22 @@ from openrealm import RealmEmbedder
 from openrealm.file_utils import check_apart, write_text_atomic
 from openrealm.tokenization.corpus import load_corpus
 from openrealm.tokenization.masking import pieces_inside
-from openrealm.trainers.ict import parse_config_overrides
-from openrealm.trainers.pretrain_eval import (
-    QUERY_KEYS,
-    fixed_masked_queries,
-    fresh_index,
-    held_out_query_blocks,
-    query_rows,
-    recall_at_k,
-)
+from openrealm.trainers.embedding import exact_index
 from openrealm.trainers.pretraining import (
     NULL_BLOCK_ID,
     RealmPretrainingExamples,
     RealmPretrainingModel,
-    batch_on,
     continuation_pieces,
 )
+from openrealm.trainers.pretraining.evaluation import (
+    QUERY_KEYS,
+    fixed_masked_queries,
+    held_out_query_blocks,
+    query_rows,
+    recall_at_k,
+)
+from openrealm.trainers.pretraining.examples import batch_on
+from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.towers import load_embedder, load_encoder
 
 REPORT_NAME = "preflight.json"
@@ -338,7 +338,7 @@ def oracle_recall(oracle: argparse.Namespace, tokenizer, blocks, queries) -> flo
     pretrain.run(oracle)
     embedder = RealmEmbedder.from_pretrained(Path(oracle.output) / "embedder").eval()
     embedder.to("cuda" if torch.cuda.is_available() else "cpu")
-    return recall_at_k(embedder, fresh_index(embedder, tokenizer, blocks), queries, RECALL_K)
+    return recall_at_k(embedder, exact_index(embedder, blocks, tokenizer), queries, RECALL_K)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -438,7 +438,7 @@ def _f(value: float | None) -> str:
 def default_hold_out(blocks) -> int:
     """Held-out query blocks when --hold-out-queries is not given: a fifth of the blocks with a salient span, at
     least 1 and at most MAX_HELD_OUT_BLOCKS."""
-    from openrealm.trainers.pretrain import count_blocks_with_spans
+    from openrealm.trainers.pretraining.inputs import count_blocks_with_spans
 
     return min(MAX_HELD_OUT_BLOCKS, max(1, count_blocks_with_spans(blocks) // 5))
 
@@ -463,7 +463,7 @@ def run_preflight(args: argparse.Namespace) -> int:
     OUTPUT's writer lock)."""
     from transformers import AutoTokenizer
 
-    from openrealm.trainers.pretrain import check_corpus, fit_sequence_lengths, initial_index, run_inputs
+    from openrealm.trainers.pretraining.inputs import check_corpus, fit_sequence_lengths, initial_index, run_inputs
 
     check_preflight_args(args)
     output = Path(args.output)

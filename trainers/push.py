@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from openrealm.hub_cards.model_card import open_qa_model_card
 from openrealm.hub_cards.space_app import write_space_app
 from openrealm.trainers.evaluation import read_results
 from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME, OPENQA_SUMMARY_NAME
-from openrealm.trainers.options import push as push_options
 
 # What a folder must hold to answer questions on its own (RealmForOpenQA.save_pretrained with a retriever).
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "block_records.safetensors")
@@ -117,16 +115,3 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"Pushed {args.model} to {args.repo_id}: {url}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="openrealm push", description=__doc__.split("\n")[0])
-    push_options(parser)
-    return run(parser.parse_args(argv))
-
-
-__all__ = ["check_open_qa_folder", "push_open_qa_model", "write_model_card"]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import json
 import os
 import shutil
@@ -49,9 +50,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from openrealm.file_utils import check_replaceable
-from openrealm.trainers import options
-
-OUTPUT_DEFAULT = "realm-quickstart"
+from openrealm.trainers import cli, options
+from openrealm.trainers.quickstart_report import ABLATIONS, plot_comparison, plot_pretraining, write_report
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class Stages:
 
     # -- data ---------------------------------------------------------------------------------------------------------
     def world(self):
-        from openrealm.trainers.synthetic_world import generate_world
+        from openrealm.trainers.world.synthetic_world import generate_world
 
         world = generate_world(seed=self.seed, **self.preset.world)
         world.write(self.path("world"))
@@ -222,8 +222,6 @@ class Stages:
 
     # -- training -----------------------------------------------------------------------------------------------------
     def ict(self, corpus: Path) -> Path:
-        from openrealm.trainers import ict
-
         preset = self.preset
         argv = [
             "--corpus", str(corpus), "--init", "random", "--output", str(self.path("ict")),
@@ -232,7 +230,7 @@ class Stages:
             "--save-steps", "0", "--seed", str(self.seed), "--eval-queries", "256", "--logging-steps", "50",
             "--embedding-dropout", "0", "--overwrite",
         ]  # fmt: skip
-        ict.main(argv + ([] if self.progress else ["--quiet"]))
+        run_job("ict", argv + ([] if self.progress else ["--quiet"]))
         return self.path("ict")
 
     def initial_tower(self, corpus: Path, tower: str = "encoder") -> Path:
@@ -240,7 +238,7 @@ class Stages:
         (benchmarks/bench_learning.py's random starts)."""
         from transformers import AutoTokenizer
 
-        from openrealm.trainers.ict import parse_config_overrides
+        from openrealm.trainers.stage_utils import parse_config_overrides
         from openrealm.trainers.towers import load_embedder, load_encoder, save_tower
 
         tokenizer = AutoTokenizer.from_pretrained(corpus)
@@ -252,16 +250,12 @@ class Stages:
         """The encoder's "BERT stage": a random encoder learns to copy a masked name from another article's statement
         of the same fact (names renamed in every example, so it reads rather than memorises), saved as
         OUTPUT/reading-warmup; every run's encoder starts there, as REALM's and ORQA's start from BERT."""
-        from openrealm.trainers import reading_warmup
+        from openrealm.trainers.world.reading_warmup import warm_up_encoder
 
-        parser = argparse.ArgumentParser()
-        reading_warmup.add_arguments(parser)
-        args = parser.parse_args([
-            "--world", str(self.path("world")), "--corpus", str(corpus), "--output", str(self.path("reading-warmup")),
-            "--config-overrides", self.preset.model, "--steps", str(self.preset.reading_warmup_steps),
-            "--seed", str(self.seed),
-        ])  # fmt: skip
-        return reading_warmup.run(args)
+        return warm_up_encoder(
+            self.path("world"), corpus, self.path("reading-warmup"), config_overrides=self.preset.model,
+            steps=self.preset.reading_warmup_steps, seed=self.seed,
+        )  # fmt: skip
 
     def pretrain(
         self,
@@ -282,12 +276,9 @@ class Stages:
         from transformers import AutoTokenizer
 
         from openrealm.tokenization.corpus import load_corpus
-        from openrealm.trainers import pretrain
-        from openrealm.trainers.pretrain_eval import PretrainingEvalCallback, fixed_masked_queries
+        from openrealm.trainers.pretraining.evaluation import PretrainingEvalCallback, fixed_masked_queries
 
         preset = self.preset
-        parser = argparse.ArgumentParser()
-        options.train_pretrain(parser)
         argv = [
             "--corpus", str(corpus), "--embedder", str(embedder), "--encoder", str(encoder),
             "--output", str(self.path(name)),
@@ -300,13 +291,13 @@ class Stages:
         ]  # fmt: skip
         if mode == "async":  # each index swapped in exactly refresh_every steps after its snapshot: reproducible
             argv += ["--refresh-lag", str(preset.refresh_every)]
-        args = parser.parse_args(argv + list(extra_argv) + ([] if self.progress else ["--quiet"]))
+        argv += [*extra_argv, *([] if self.progress else ["--quiet"])]
         tokenizer = AutoTokenizer.from_pretrained(corpus)
         blocks = load_corpus(corpus)
         if queries is None:
             queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=self.seed + 1)
         evaluation = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=preset.eval_every, k=k)
-        pretrain.run(args, callbacks=[evaluation])
+        run_job("pretrain", argv, callbacks=[evaluation])
         return {"history": evaluation.history, "summary": self.path(name) / "pretraining.json"}
 
     def finetune(self, name: str, embedder: Path, encoder: Path | str) -> Path:
@@ -412,162 +403,16 @@ class Stages:
 RECALL_KS = (1, 5, 10)
 
 
-@dataclass(frozen=True)
-class Ablation:
-    """One row of the paper's Table 2 at toy scale: a way to pre-train (or not) from the shared ICT embedder and
-    warmed-up encoder, then fine-tuned and evaluated like every other row."""
-
-    name: str  # in results.json's "ablations"
-    run: str  # the fine-tuned folder OUTPUT/<run>-openqa, its key in results.json's "open_qa"
-    label: str  # in the open-QA table and figure
-    row: str  # in Table 2
-    pretraining: str | None  # folder under OUTPUT of its REALM pre-training run; None: no REALM pre-training
-    refresh_mode: str = "async"
-    spans: str = "salient"
-
-
-ABLATIONS = (
-    Ablation("realm", "realm", "REALM (pre-trained)", "REALM", "pretrain"),
-    Ablation(
-        "no_realm_pretraining", "no-pretraining", "no REALM pre-training",
-        "Baseline (ICT retriever, no REALM pre-training)", None,
-    ),
-    Ablation(
-        "stale_index", "stale-index", "stale index", "Stale MIPS (index never refreshed)", "pretrain-stale-index",
-        refresh_mode="off",
-    ),
-    Ablation(
-        "random_span_masks", "random-span-masks", "random span masks", "Random span masks",
-        "pretrain-random-span-masks", spans="random_span",
-    ),
-)  # fmt: skip
-LABELS = {ablation.run: ablation.label for ablation in ABLATIONS} | {"realm-reader-bm25": "REALM reader + BM25"}
 PRETRAINING_STAGE = "REALM pre-training with async index refresh, and its ablations"
 
 
-def plot_pretraining(history: list[dict], path: Path) -> None:
-    """The paper's Figure 4 at toy scale: retrieval utility and recall@5 against the pre-training step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [entry["step"] for entry in history]
-    figure, (utility_axis, recall_axis) = plt.subplots(1, 2, figsize=(9, 3.5))
-    utility_axis.plot(steps, [entry["eval_retrieval_utility"] for entry in history], marker="o")
-    utility_axis.axhline(0, color="grey", linewidth=0.8)
-    utility_axis.set(xlabel="pre-training step", ylabel="retrieval utility (nats / token)", title="Retrieval utility")
-    recall_axis.plot(steps, [100 * entry["eval_recall@5"] for entry in history], marker="o", color="tab:green")
-    recall_axis.set(xlabel="pre-training step", ylabel="recall@5 (%)", title="Recall@5 of a block with the span")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def plot_comparison(runs: dict[str, dict], path: Path) -> None:
-    """EM and recall@5 on held-out entities: REALM, REALM's reader over BM25, no REALM pre-training."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [name for name in LABELS if name in runs]
-    figure, axis = plt.subplots(figsize=(7, 3.5))
-    width = 0.38
-    for offset, (metric, label) in enumerate((("exact_match", "exact match"), ("recall@5", "recall@5"))):
-        positions = [i + (offset - 0.5) * width for i in range(len(names))]
-        bars = axis.bar(positions, [runs[name][metric] for name in names], width, label=label)
-        axis.bar_label(bars, fmt="%.1f", fontsize=8)
-    axis.set_xticks(range(len(names)), [LABELS[name] for name in names])
-    axis.set(ylabel="% of held-out questions", ylim=(0, 105), title="Open-QA on held-out entities")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def write_report(
-    output: Path, preset_name: str, stages: Stages, history: list[dict], runs: dict, demo: list, ablations: list[dict]
-) -> Path:
-    """report.md: what ran, the Figure 4 curve, Table 2's ablations, the open-QA comparison and a few answers."""
-    first, last = history[0], history[-1]
-    scores = {row["name"]: row for row in ablations}
-    realm_recall, ict_recall = (
-        scores["realm"]["zero_shot_recall_at_5"],
-        scores["no_realm_pretraining"]["zero_shot_recall_at_5"],
-    )
-    lines = [
-        "# OpenREALM quickstart report",
-        "",
-        f"Preset `{preset_name}`, seed {stages.seed}; {sum(stages.timings.values()):.0f} s in all "
-        f"({', '.join(f'{name} {seconds:.0f} s' for name, seconds in stages.timings.items())}).",
-        "",
-        "## REALM pre-training (the paper's Figure 4, at toy scale)",
-        "",
-        "![retrieval utility and recall@5 against the pre-training step](figure_pretraining.png)",
-        "",
-        "| step | retrieval utility | recall@5 | MLM accuracy |",
-        "|---|---|---|---|",
-        *(
-            f"| {e['step']} | {e['eval_retrieval_utility']:.3f} | {100 * e['eval_recall@5']:.1f} "
-            f"| {100 * e['eval_mlm_accuracy']:.1f} |"
-            for e in history
-        ),
-        "",
-        f"Retrieval utility went from {first['eval_retrieval_utility']:.3f} to {last['eval_retrieval_utility']:.3f} "
-        f"nats per masked token and recall@5 from {100 * first['eval_recall@5']:.1f}% to "
-        f"{100 * last['eval_recall@5']:.1f}% on {last['eval_num_queries']} fixed masked queries (recall@5: one of "
-        "the top 5 blocks, the query's own block excluded, holds the masked span).",
-        "",
-        "## The paper's Table 2 at toy scale: what REALM pre-training does to the retriever",
-        "",
-        "| pre-training | zero-shot recall@5 | exact match after fine-tuning |",
-        "|---|---|---|",
-        *(
-            f"| {ablation.row} | {row['zero_shot_recall_at_5']:.1f} | {row['exact_match']:.1f} |"
-            for ablation, row in zip(ABLATIONS, ablations, strict=True)
-        ),
-        "",
-        "Zero-shot recall@5: the pre-trained embedder encodes each held-out test question, before any fine-tuning, and "
-        "the question counts when one of its top 5 blocks holds an answer (the paper's retrieval recall of Table 2). "
-        f"REALM's is {realm_recall / ict_recall if ict_recall else float('inf'):.2f}x the ICT retriever's it started "
-        "from. Every row starts from the same ICT embedder and warmed-up encoder and pre-trains (or not) for the same "
-        "steps; exact match is each row's towers fine-tuned the same way.",
-        "",
-        "Read these recalls with care: the question words (where, which, ?...) never occur in the world's articles, so "
-        "no tower trains their embeddings, and on this toy they move zero-shot recall more than any pre-training does. "
-        "Left out of the questions, the ICT start's recall rises to 75-80% (seeds 0-2) and no REALM run measured so far "
-        "beats its start by more than 1.5 points, while the same masked queries with a perfect reader's signal take the "
-        "retriever to 92-96% (benchmarks/RESULTS.md; `benchmarks/bench_learning.py` measures both).",
-        "",
-        "## Open-QA on held-out entities",
-        "",
-        "![exact match and recall@5 of REALM and the baselines](figure_comparison.png)",
-        "",
-        "| model | exact match | recall@1 | recall@5 | recall@10 | reader oracle |",
-        "|---|---|---|---|---|---|",
-        *(
-            f"| {LABELS[name]} | {r['exact_match']:.1f} | {r['recall@1']:.1f} | {r['recall@5']:.1f} "
-            f"| {r['recall@10']:.1f} | {r['reader_oracle']:.1f} |"
-            for name, r in runs.items()
-        ),
-        "",
-        "All three were measured in this run on the test questions, whose entities no training question mentions. "
-        '"No REALM pre-training" fine-tunes the ICT embedder and the warmed-up encoder directly (ORQA\'s recipe); '
-        '"REALM reader + BM25" reads the blocks BM25 (bm25s) retrieves instead of REALM\'s.',
-        "",
-        '## Answers through `pipeline("question-answering")`',
-        "",
-        *(
-            f"- **{d['question']}** -> {d['answer']} (expected {', '.join(d['expected'])}; block {d['block_id']}, "
-            f'"{d["title"]}")'
-            for d in demo
-        ),
-        "",
-    ]
-    path = output / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+def run_job(name: str, argv: list[str], **kwargs) -> int:
+    """Run the job `openrealm train NAME ARGV` in this process (its options parsed as the command line parses them);
+    kwargs go to its run(args, ...) (the pre-training job takes extra callbacks)."""
+    module_name, _, options_name = cli.JOBS[("train", name)]
+    parser = argparse.ArgumentParser(prog=f"openrealm train {name}")
+    getattr(options, options_name)(parser)
+    return importlib.import_module(module_name).run(parser.parse_args(argv), **kwargs)
 
 
 def _stage_in_child(stages: Stages, method: str, args: tuple, kwargs: dict, log: Path, threads: int):
@@ -668,30 +513,11 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
         "demo": demo,
     }
     (output / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    report = write_report(output, preset, stages, history, runs, demo, ablations)
+    report = write_report(output, preset, stages.seed, stages.timings, history, runs, demo, ablations)
     print(f"\nquickstart: done in {sum(stages.timings.values()):.0f} s. Report: {report}; model: {realm}")
     return results
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `openrealm quickstart`."""
-    parser.add_argument("--output", default=OUTPUT_DEFAULT, help=f"folder for everything (default {OUTPUT_DEFAULT})")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="sizes (default: default)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the world, the weights and the data order")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUTPUT")
-    options.output_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     quickstart(args.output, args.preset, args.seed, args.overwrite, progress=not args.quiet)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="openrealm quickstart", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

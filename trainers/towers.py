@@ -267,3 +267,13 @@ def save_tower(
         for name, text in (files or {}).items():
             Path(staging, name).write_text(text, encoding="utf-8")
     return folder
+
+
+def freeze_unused_mlm_head(embedder: RealmEmbedder) -> None:
+    """Freeze the MLM head inside a RealmEmbedder: it exists only so published checkpoints load and takes no part in
+    retrieval. Frozen, it needs no gradient and DDP needs no unused-parameter search. Parameters the head shares with
+    the encoder (none in the published layout) stay trainable."""
+    used = {id(p) for name, p in embedder.named_parameters() if not name.startswith("cls.predictions.")}
+    for parameter in embedder.cls.predictions.parameters():
+        if id(parameter) not in used:
+            parameter.requires_grad_(False)

@@ -1,0 +1,156 @@
+"""What every training stage shares: Google's warm-up rule, `--config-overrides`, the output-folder checks and lock,
+eval mode for a while, and the end of a multi-process run. No stage imports another stage's module for these."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from openrealm.file_utils import check_apart, writer_lock
+from openrealm.trainers.checkpoints import is_staging_leftover, remove_stale_staging
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
+
+
+def google_warmup_steps(max_steps: int) -> int:
+    """Google's warm-up: min(10000, max(100, max_steps / 10)) steps (BERT optimisation, used by ICT and ORQA)."""
+    return int(min(10000, max(100, max_steps // 10)))
+
+
+def parse_config_overrides(text: str | None) -> dict:
+    """ "hidden_size=64,num_hidden_layers=2,hidden_act=gelu" -> {"hidden_size": 64, ...} (values read as JSON when
+    they parse, else kept as strings)."""
+    overrides = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"config override {item!r} is not key=value")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def holding_output(run: Callable[..., int]) -> Callable[..., int]:
+    """A training job's run(args, ...) holding the writer lock of args.output (file_utils.writer_lock) for the whole
+    run, on the main process (RANK 0): a second job into the same --output while one runs is refused at once
+    (WriterBusyError, exit 2) instead of both passing prepare_output's checks on a folder that is still empty and
+    then replacing each other's checkpoints and model. The lock is taken before prepare_output's checks."""
+
+    @functools.wraps(run)
+    def locked(args: argparse.Namespace, *more, **kwargs) -> int:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return run(args, *more, **kwargs)
+        with writer_lock(args.output, wait=False):
+            return run(args, *more, **kwargs)
+
+    return locked
+
+
+def prepare_output(
+    output: str | os.PathLike,
+    overwrite: bool,
+    resume: bool,
+    inputs: Iterable = (),
+    earlier_run: Iterable[str] = ("checkpoint-*",),
+    resumable: bool = True,
+    kept: Iterable[str] = (),
+) -> None:
+    """Refuse an OUTPUT that is, holds or lies inside one of `inputs` ((flag, path) pairs: the corpus, the model it
+    starts from...), and a non-empty OUTPUT (an earlier run's) unless resuming or overwriting; --overwrite removes the
+    entries of OUTPUT matching the `earlier_run` patterns (the old checkpoint-* folders, which Trainer's rotation would
+    otherwise count as this run's and `--resume-from-checkpoint last` would continue). The staging folders of
+    checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty. resumable: whether the
+    job takes --resume-from-checkpoint (the refusal suggests it). kept: names of entries that are no earlier run (e.g.
+    what `train pretrain --preflight` writes) and do not make OUTPUT non-empty either; --overwrite keeps them."""
+    check_apart(output, inputs, "--output")
+    path = Path(output)
+    main = int(os.environ.get("RANK", "0")) == 0
+    if main:
+        remove_stale_staging(path)
+    kept = set(kept)
+    if resume or not path.is_dir() or all(is_staging_leftover(p.name) or p.name in kept for p in path.iterdir()):
+        return
+    if not overwrite:
+        resuming = " or --resume-from-checkpoint to continue" if resumable else ""
+        raise FileExistsError(
+            f"output folder {path} is not empty: pass --overwrite to replace it{resuming}, or choose another --output"
+        )
+    if main:
+        for pattern in earlier_run:
+            for entry in path.glob(pattern):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+
+
+# Seconds every rank sleeps (GIL released) before leaving the process group; see leave_process_group.
+GLOO_DRAIN_SECONDS = 0.5
+
+
+def leave_process_group(state: PartialState) -> None:
+    """Every rank waits for the others, then leaves the process group without hanging or aborting.
+
+    Two torch/gloo hazards at the end of a multi-process run. A rank that exits with gloo's threads still up aborts
+    ("terminate called without an active exception"), so every rank destroys the group. And gloo's worker threads
+    free a finished collective's work *after* the caller has returned from it; that drops Python tensors, which
+    needs the GIL. When the last reference to the group goes (the DDP wrapper's Reducer as `run` returns, or the
+    group itself), it joins those threads while holding the GIL: a worker still waiting for the GIL deadlocks the
+    rank (1 two-process ICT run in 10-40 on 2 busy cores; py-spy: main thread in ~ProcessGroupGloo ->
+    thread::join, worker in ~AsyncBarrierWork -> gil_scoped_acquire). Sleeping releases the GIL so the workers
+    finish first; no collective follows, so they stay idle until joined. state: a PartialState or AcceleratorState.
+    """
+    state.wait_for_everyone()
+    if state.num_processes > 1:
+        time.sleep(GLOO_DRAIN_SECONDS)
+    state.destroy_process_group()
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the torch.distributed job, (0, 1) outside one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under DDP / torch.compile wrappers (the callback needs its `embedder`)."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """eval() for the duration (no dropout), then the caller's mode back (the trainer's embedder is in train mode)."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+__all__ = [
+    "eval_mode",
+    "google_warmup_steps",
+    "holding_output",
+    "leave_process_group",
+    "parse_config_overrides",
+    "prepare_output",
+    "rank_and_world",
+    "unwrap_model",
+]
