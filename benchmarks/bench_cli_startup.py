@@ -1,4 +1,4 @@
-"""How long `openrealm --help` and every job's `--help` take to start (issue 18 §3: under 1 s on 2 cores).
+"""How long `openrealm --help` and every job's `--help` take to start (the target: under 1 s on 2 cores).
 
     .venv/bin/python benchmarks/bench_cli_startup.py [--repeats 7]
 
@@ -48,7 +48,8 @@ def main() -> None:
     import torch
 
     print(
-        f"- {platform.machine()}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}"
+        f"- {platform.machine()}, {os.cpu_count()} cores; Python {platform.python_version()}, torch "
+        f"{torch.__version__}"
     )
     print(f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.repeats} runs each, fresh processes\n")
     print("| command | median s | range s |\n|---|---|---|")

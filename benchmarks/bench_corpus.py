@@ -1,6 +1,7 @@
 """Knowledge-corpus building throughput: articles/s of `build_corpus` for num_proc 1 and 2, spans off and on.
 
-    /work/venvs/dev/bin/python benchmarks/bench_corpus.py                 # 4,667 passages, num_proc 1,2, spans none,regex
+    /work/venvs/dev/bin/python benchmarks/bench_corpus.py                 # 4,667 passages, num_proc 1,2, spans
+    none,regex
 
 Input: the 4,667 real Wikipedia passages of SQuAD v1.1 dev (`dev_passages.jsonl`, 2,067 paragraphs) and NQ-open dev
 gold passages (`dev_gold_passages.jsonl`, 2,600), both {"title", "text", ...}; their title and text are written to

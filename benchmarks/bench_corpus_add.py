@@ -1,4 +1,4 @@
-"""Adding 1% to a 1M-block corpus against re-embedding it all (issue 17 §1).
+"""Adding 1% to a 1M-block corpus against re-embedding it all.
 
     .venv/bin/python benchmarks/bench_corpus_add.py --workdir /tmp/corpus_add                 # 1,000,000 blocks
     .venv/bin/python benchmarks/bench_corpus_add.py --workdir /tmp/small --blocks 20000        # a quick look
@@ -14,7 +14,7 @@ embedding dominates both sides).
 Measured, --repeats times each, in one process on this machine:
   add      `edit_corpus(corpus, add=NEW.jsonl)` with --added-fraction of --blocks new articles (new titles): packing,
            embedding the new blocks, appending records and index rows, writing the new version (end to end);
-  re-embed `embed_blocks` over --sample-blocks rows of the corpus (the same embedder, batch size and length
+  re-embed `embed_corpus` over --sample-blocks rows of the corpus (the same embedder, batch size and length
            sorting as `index build`), scaled linearly to all --blocks rows plus the added ones: what a full rebuild
            spends embedding, a lower bound on its cost (writing the index is left out).
 Reported: the median and spread of each, and add / full re-embed.
@@ -164,16 +164,20 @@ def main() -> None:
 
     report = "\n".join(
         [
-            f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"transformers {transformers.__version__}, datasets {datasets.__version__}, Python {sys.version.split()[0]}",
-            f"- corpus: {args.blocks:,} blocks (built and indexed in {setup_seconds:.0f} s); added: {num_added:,} articles "
+            f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+            f"{torch.__version__}, "
+            f"transformers {transformers.__version__}, datasets {datasets.__version__}, Python "
+            f"{sys.version.split()[0]}",
+            f"- corpus: {args.blocks:,} blocks (built and indexed in {setup_seconds:.0f} s); added: {num_added:,} "
+            "articles "
             f"-> {added_blocks:,} blocks; embedder {args.layers} x {args.hidden}; {args.repeats} repeats",
             "",
             "| | wall time |",
             "|---|---|",
             f"| corpus add (end to end) | {spread(add_seconds)} |",
             f"| full re-embed ({len(sample):,} blocks measured, x {scale:.1f}) | {spread(full)} |",
-            f"| add / full re-embed | {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) |",
+            f"| add / full re-embed | {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) "
+            "|",
         ]
     )
     print(report)

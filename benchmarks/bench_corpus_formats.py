@@ -164,7 +164,8 @@ def benchmark() -> None:
             f"| {size:,} | {result['tsv'] / mb:,.0f} MB | {result['num_blocks']:,} | {result['num_cut']} | "
             f"{result['seconds']:,.0f} | {size / result['seconds']:,.0f} | {result['peak_rss'] / mb:,.0f} MB | "
             f"{result['peak_anonymous'] / mb:,.0f} MB | "
-            f"{result['peak_disk'] / gb:.2f} GB | {result['disk'] / gb:.2f} GB | {result['blocks_disk'] / gb:.2f} GB | "
+            f"{result['peak_disk'] / gb:.2f} GB | {result['disk'] / gb:.2f} GB | {result['blocks_disk'] / gb:.2f} GB "
+            "| "
             f"{result['records_disk'] / gb:.2f} GB |",
             flush=True,
         )

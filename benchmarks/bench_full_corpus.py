@@ -1,4 +1,4 @@
-"""REALM's full corpus size on CPU (issue 17 §3): converting a legacy block_records.npy, saving a loaded index, and
+"""REALM's full corpus size on CPU: converting a legacy block_records.npy, saving a loaded index, and
 exact search against the old port's.
 
     .venv/bin/python benchmarks/bench_full_corpus.py --workdir /tmp/full_corpus            # 13,353,718 blocks
@@ -124,7 +124,8 @@ SHARDED = """
 import json, statistics, sys, time, torch
 import torch.distributed as dist
 from openrealm import RealmBlockIndex, ShardedBlockIndex
-folder, rank, world, store, batch, repeats = sys.argv[1], *map(int, sys.argv[2:4]), sys.argv[4], *map(int, sys.argv[5:7])
+folder, store = sys.argv[1], sys.argv[4]
+rank, world, batch, repeats = *map(int, sys.argv[2:4]), *map(int, sys.argv[5:7])
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 torch.set_num_threads(1)
 index = ShardedBlockIndex.from_pretrained(folder)
@@ -307,7 +308,8 @@ def sharded_report(sharded: dict, batch: int) -> list[str]:
     world = len(sharded["ranks"])
     lines = [
         "",
-        "| search of 2 x Q queries | processes | rows held per process | median s | peak RssAnon GiB | peak RssFile GiB |",
+        "| search of 2 x Q queries | processes | rows held per process | median s | peak RssAnon GiB | peak RssFile "
+        "GiB |",
         "|---|---|---|---|---|---|",
         f"| one process, unsharded index | 1 (2 threads) | all | {sharded['whole']['median']:.3f} | "
         f"{sharded['whole']['rss_anon'] / gib:.2f} | {sharded['whole']['rss_file'] / gib:.2f} |",
@@ -341,14 +343,16 @@ def search_report(search: dict) -> list[str]:
         best, rule = min(rows, key=lambda row: row["median"]), next(row for row in rows if row["rule"])
         lines.append(
             f"- Q={batch}: the default rule's chunk (2^{rule['chunk'].bit_length() - 1}) takes "
-            f"{rule['median'] / best['median']:.2f}x the best chunk's time (2^{best['chunk'].bit_length() - 1}) and is "
+            f"{rule['median'] / best['median']:.2f}x the best chunk's time (2^{best['chunk'].bit_length() - 1}) and "
+            "is "
             f"{port[batch] / rule['median']:.2f}x the port's speed"
         )
     for method in ("port", "exact"):
         peaks = search[method]
         lines.append(
             f"- Peak RSS of the {method} process: anonymous {peaks['rss_anon'] / gib:.2f} GiB, file-backed "
-            f"{peaks['rss_file'] / gib:.2f} GiB (the memory-mapped index: {search['index_bytes'] / gib:.2f} GiB on disk)"
+            f"{peaks['rss_file'] / gib:.2f} GiB (the memory-mapped index: {search['index_bytes'] / gib:.2f} GiB on "
+            "disk)"
         )
     return lines
 

@@ -1,4 +1,4 @@
-"""Block-embedding throughput of `openrealm index build` (trainers/index_builder.embed_blocks, the real code path:
+"""Block-embedding throughput of `openrealm index build` (trainers/embedding.embed_corpus, the real code path:
 input building from the Arrow corpus, length-sorted batching, autocast, rows put back in block order).
 
     python benchmarks/bench_index_build.py                      # CPU, 2 threads: the table below
@@ -50,7 +50,7 @@ MODELS = ("bert-base-288", "minilm-real")
 
 
 class BertIds:
-    """The bert-base-uncased special ids: all embed_blocks needs of a tokenizer for the synthetic blocks."""
+    """The bert-base-uncased special ids: all embed_corpus needs of a tokenizer for the synthetic blocks."""
 
     cls_token_id, sep_token_id, pad_token_id = 101, 102, 0
 

@@ -1,15 +1,15 @@
-"""Does REALM pre-training learn on the synthetic world? Issue 4 §6's measurement, refresh on against refresh off.
+"""Does REALM pre-training learn on the synthetic world? Refresh on against refresh off, and the controls.
 
     python benchmarks/bench_learning.py --output /tmp/realm-learning [--embedder ict|random]
         [--encoder random|reading-warmup|FOLDER] [--steps 300] [--refresh-every 25]
         [--modes sync,off[,answer-positive]] [--seed 0] [--world num_people=40,...] [--embedder-learning-rate LR]
 
-Builds the quickstart's default world (or one resized by `--world`), vocabulary and corpus (64-wordpiece blocks), an ICT
-embedder (or a random one) and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM
+Builds the quickstart's default world (or one resized by `--world`), vocabulary and corpus (64-wordpiece blocks), an
+ICT embedder (or a random one) and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM
 pre-training once per refresh mode from the same start, scoring fixed masked queries every `--eval-every` steps with
 `evaluate_pretraining`: recall@8 of a block holding the masked span (fresh exact index of the current embedder),
-retrieval utility against the null document, MLM accuracy. The paper's claims (§4.5, Table 3 "stale MIPS") are
-utility > 0, recall rising far above the initial index's, and less learning with the index never refreshed. Mode
+retrieval utility against the null document, MLM accuracy. The paper's claims (§4.5, Table 3 "stale MIPS") are utility
+> 0, recall rising far above the initial index's, and less learning with the index never refreshed. Mode
 `answer-positive` is the retriever's upper bound: the embedder alone, trained with an answer block of each query as its
 positive (the signal a perfect reader would give). `--encoder reading-warmup` starts the encoder from the quickstart's
 reading warm-up (its "BERT stage").

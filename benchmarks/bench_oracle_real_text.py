@@ -82,7 +82,8 @@ def main() -> None:
         if not (ict / "config.json").is_file():
             assert cli.main(["train", "ict", "--corpus", str(corpus), "--init", "random", "--output", str(ict),
                              "--config-overrides", MODEL, "--max-steps", str(args.ict_steps), "--batch-size", "32",
-                             "--learning-rate", "1e-3", "--seed", str(seed), "--quiet", "--overwrite"]) == 0  # fmt: skip
+                             "--learning-rate", "1e-3", "--seed", str(seed), "--quiet",
+                             "--overwrite"]) == 0  # fmt: skip
         held = held_out_query_blocks(blocks, args.hold_out, seed)
         queries = fixed_masked_queries(tokenizer, blocks, len(held), seed + 1, block_ids=held, queries_per_block=2)
 

@@ -1,4 +1,4 @@
-"""A user's own corpus (issue 14 §3): from all-MiniLM-L6-v2, `openrealm train ict` then `openrealm train pretrain`
+"""A user's own corpus: from all-MiniLM-L6-v2, `openrealm train ict` then `openrealm train pretrain`
 with the CLI's defaults, on a corpus of fictional articles MiniLM never saw; does REALM pre-training raise the
 recall@8 of the blocks that state a masked fact over the ICT starting point?
 
@@ -10,10 +10,10 @@ articles, its subject's and its value's or a chronicle's), `openrealm corpus bui
 blocks, regex salient spans: dates) and MiniLM's vocabulary. Per seed: `train ict --max-steps N --seed S` and `train
 pretrain --max-steps M --refresh-every R --seed S` (asynchronous refresh), nothing else set unless --ict-args /
 --pretrain-args say so. With --mlm-steps N, `train mlm --max-steps N` of MiniLM on the corpus first (MiniLM has no
-trained MLM head), the encoder pre-training starts from. Measure: 256 fixed masked queries (one per sampled block, a salient span masked, drawn once
-from seed 1000); recall@8 = a query's top 8 blocks (its own block excluded) of a fresh exact index of the embedder hold
-another block whose text contains the masked span. Writes OUTPUT/results.json (per seed, mean and spread, the time
-each stage took) and prints a markdown table.
+trained MLM head), the encoder pre-training starts from. Measure: 256 fixed masked queries (one per sampled block, a
+salient span masked, drawn once from seed 1000); recall@8 = a query's top 8 blocks (its own block excluded) of a fresh
+exact index of the embedder hold another block whose text contains the masked span. Writes OUTPUT/results.json (per
+seed, mean and spread, the time each stage took) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         ict, realm = recall_at_8(root / "ict", corpus, args.device), recall_at_8(root / "pretrain" / "embedder",
                                                                                  corpus, args.device)  # fmt: skip
-        per_seed[seed] = {"ict": ict, "realm": realm, "gain": realm["recall@8"] - ict["recall@8"],
-                          "minutes": round((timings[f"s{seed}-ict"] + timings[f"s{seed}-pretrain"]) / 60, 1)}  # fmt: skip
+        minutes = round((timings[f"s{seed}-ict"] + timings[f"s{seed}-pretrain"]) / 60, 1)
+        per_seed[seed] = {"ict": ict, "realm": realm, "gain": realm["recall@8"] - ict["recall@8"], "minutes": minutes}
     gains = [row["gain"] for row in per_seed.values()]
     report = {
         **run_record(args, state, timings, started),

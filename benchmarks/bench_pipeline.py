@@ -124,7 +124,8 @@ def load_questions(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 class PortServer:
-    """The 4.57.6 port in a subprocess of the reference venv (_port_reference.py serve), asked one question at a time."""
+    """The 4.57.6 port in a subprocess of the reference venv (_port_reference.py serve), asked one question at a
+    time."""
 
     def __init__(self, args: argparse.Namespace, folder: str):
         command = [args.ref_python, os.path.join(HERE, "_port_reference.py"), "serve", "--folder", folder,
@@ -171,8 +172,9 @@ def measure(args: argparse.Namespace, folder: str, questions: dict) -> tuple[dic
     print("loading the port (reference venv) ...", flush=True)
     port_server = PortServer(args, folder)
     print("loading OpenREALM ...", flush=True)
-    ours: dict = {"versions": {"python": platform.python_version(), "torch": torch.__version__,
-                               "transformers": transformers.__version__, "openrealm": openrealm.__version__}}  # fmt: skip
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions |= {"transformers": transformers.__version__, "openrealm": openrealm.__version__}
+    ours: dict = {"versions": versions}
     ours["first_load_seconds"], _, model = timed(openrealm.RealmForOpenQA.from_pretrained, folder)
     del model
     ours["cached_load_seconds"], _, model = timed(openrealm.RealmForOpenQA.from_pretrained, folder)

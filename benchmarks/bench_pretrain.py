@@ -1,5 +1,5 @@
 """REALM pre-training throughput with and without an index build running, the trainer's stall at each swap and the
-index staleness at each swap (issue 4 §7).
+index staleness at each swap.
 
     python benchmarks/bench_pretrain.py [--steps 60] [--batch-size 8] [--output DIR]
     python benchmarks/bench_pretrain.py --model bert-base --bf16 --measure-peak --steps 40   # on a GPU (H100/H200)
@@ -23,7 +23,7 @@ the MLM head is smaller than BERT's 30,522) on a larger world whose blocks fill 
 bfloat16 mixed precision. Model FLOPs per example come from torch's `FlopCounterMode` over a few extra steps (forward
 and backward of both towers, the query embedding for retrieval included; the index search and the builder's process
 are not counted), and with `--peak-tflops` (the device's dense bf16 peak: 989 for an H100 or H200 SXM) each run's
-examples/s is reported as a fraction of that peak (issue 4 §7's target is >= 40%, with and without the async build
+examples/s is reported as a fraction of that peak (the target is >= 40%, with and without the async build
 sharing the GPU).
 """
 

@@ -1,4 +1,4 @@
-"""Table 2 of the REALM paper on real Wikipedia text (issue 14 §2): zero-shot retrieval recall and exact match after
+"""Table 2 of the REALM paper on real Wikipedia text: zero-shot retrieval recall and exact match after
 fine-tuning for the ICT start, REALM, the stale index, random-span masks and BM25, over seeds.
 
     python benchmarks/bench_real_data.py --output /tmp/realm-real --seeds 0 1 2 [--parallel 3] [--device cuda] ...
@@ -15,9 +15,10 @@ all-MiniLM-L6-v2. Per seed, each stage a command of the `openrealm` CLI run as i
    refreshed ("stale_index"), random-span masks ("random_span_masks");
 3. zero-shot retrieval recall@k of each embedder as the question encoder, before any fine-tuning (Table 2's second
    number), on the NQ-open gold questions and on held-out SQuAD dev questions; BM25 (bm25s) over the same blocks;
-4. the same open-QA fine-tuning of each (SQuAD dev questions, passage supervision on; the encoder is the start's (MiniLM,
-   or step 0's) for the baseline, REALM's pre-trained encoder otherwise) and exact match on the NQ-open gold questions; the baseline's
-   reader is also evaluated over BM25.
+4. the same open-QA fine-tuning of each (SQuAD dev questions, passage supervision on; the encoder is the start's
+(MiniLM,
+   or step 0's) for the baseline, REALM's pre-trained encoder otherwise) and exact match on the NQ-open gold questions;
+   the baseline's reader is also evaluated over BM25.
 
 all-MiniLM-L6-v2 was contrastively trained on data that includes NQ questions, so its retrieval is not blind to NQ:
 the SQuAD questions are the cleaner zero-shot measure. Writes OUTPUT/results.json (one record per seed and run, and

@@ -1,8 +1,8 @@
 """How tests/test_retriever_learns.py's margins were set, and that the test fails on a broken path.
 
-Runs the test's tiny world (its `TinyWorld` and `measure`) for several seeds and prints, per seed, the held-out recall@5
-of the start and after refresh sync and off, and the second-half share of training queries with an answer among the
-K candidates. `--break` patches a defect into the package for the run:
+Runs the test's tiny world (its `TinyWorld` and `measure`) for several seeds and prints, per seed, the held-out
+recall@5 of the start and after refresh sync and off, and the second-half share of training queries with an answer
+among the K candidates. `--break` patches a defect into the package for the run:
 
 - `detach`: the query and candidate embeddings cut from the graph (`RealmPretrainingModel.embed` returns
   e.detach() + 0 * e: same values, no gradient reaches the embedder);

@@ -24,7 +24,8 @@ from openrealm.retrieval_realm import BLOCK_INDEX_DIR
 APP_FILES = ("app.py", "openrealm_demo.py", "requirements.txt")
 REQUIREMENTS = ["torch>=2.2", "transformers>=5.0,<6", "gradio>=5", "safetensors>=0.4.3", "numpy>=1.24"]
 
-APP_TEMPLATE = '''"""Ask {model_id} questions and see the block each answer came from (a Gradio app, ready for a Hugging Face Space).
+APP_TEMPLATE = '''"""Ask {model_id} questions and see the block each answer came from
+(a Gradio app, ready for a Hugging Face Space).
 
 Run it with `pip install -r requirements.txt && python app.py`, or create a Gradio Space and upload app.py,
 openrealm_demo.py and requirements.txt. Written by `openrealm push --with-demo`.

@@ -658,7 +658,8 @@ def _interpret(
             _build(path, pos, stack[-1], state, elements, expected)
     if marks or len(stack) != 1 or not isinstance(stack[0], _Node) or stack[0].kind != "array":
         raise LegacyBlockRecordsError(
-            f"{path} does not unpickle to a built numpy array (final stack {_describe(tuple(stack[:4]))}); {_REFUSAL_HINT}"
+            f"{path} does not unpickle to a built numpy array (final stack {_describe(tuple(stack[:4]))}); "
+            f"{_REFUSAL_HINT}"
         )
     if pending:
         yield pending
@@ -757,3 +758,15 @@ def convert_legacy_block_records(
             raise ValueError(f"converting {npy_path}: {e}") from e
         os.pwrite(fd, _header(num_blocks, {"title_bytes": 0, "text_bytes": total}, size=header_size), 0)
     return BlockRecords.open(output_path)
+
+
+__all__ = [
+    "MAX_SAFETENSORS_HEADER",
+    "BlockRecords",
+    "convert_legacy_block_records",
+    "index_block_bytes",
+    "iter_legacy_block_records",
+    "legacy_block_records_count",
+    "LegacyBlockRecordsError",
+    "read_legacy_block_records",
+]

@@ -189,8 +189,8 @@ class RealmBlockIndex:
     A living corpus changes the index without re-embedding it: `add` appends rows (new blocks get the next ids),
     `remove` marks ids that no search returns again (`removed_ids`); block ids that stay never change. Approximate
     indexes take additions without retraining; once more than `max_drift` of their rows were added or removed since
-    training, `needs_rebuild` says so. `embedder` is the RealmEmbedder (or the folder of one) that made block_emb, saved
-    with the index so that blocks added later are embedded alike."""
+    training, `needs_rebuild` says so. `embedder` is the RealmEmbedder (or the folder of one) that made block_emb,
+    saved with the index so that blocks added later are embedded alike."""
 
     def __init__(
         self,
@@ -758,7 +758,8 @@ def write_sharded_index(
     """Complete an exact index in `directory` (an existing folder being staged) from the shard files that ranks
     wrote (save_block_emb_shard; file r holds rows ShardedBlockIndex.shard_range(num_blocks, r, len(shard_files))):
     they are moved in (same file system) under shard_file_name, and the config, removed ids and embedder written.
-    No process ever holds every row, and RealmBlockIndex.from_pretrained / ShardedBlockIndex.from_pretrained load it."""
+    No process ever holds every row, and RealmBlockIndex.from_pretrained / ShardedBlockIndex.from_pretrained load
+    it."""
     directory, num_shards = Path(directory), len(shard_files)
     dim = None
     for rank, path in enumerate(shard_files):
@@ -931,7 +932,8 @@ def _index_folder_problem(folder: str) -> str | None:
 
 def _open_index_folder(directory: Path) -> tuple[dict, torch.Tensor, np.memmap | None]:
     """(index_config, block_emb [num_blocks, dim], its np.memmap) of a saved index folder, checked against each other
-    and for non-finite values. block_emb is memory-mapped; a sharded folder's files are joined into RAM (memmap None)."""
+    and for non-finite values. block_emb is memory-mapped; a sharded folder's files are joined into RAM (memmap
+    None)."""
     if not directory.is_dir():
         raise FileNotFoundError(f"block index directory {directory} does not exist")
     config = _read_config(directory / INDEX_CONFIG_NAME)
@@ -954,7 +956,8 @@ def _open_shards(directory: Path, config: dict) -> list[tuple[int, torch.Tensor,
         emb, mmap = _mmap_safetensors(directory / name)
         if tuple(emb.shape) != (stop - start, config["dim"]):
             raise ValueError(
-                f"{directory / name} holds {emb.shape[0]} x {emb.shape[1]} embeddings but {directory / INDEX_CONFIG_NAME}"
+                f"{directory / name} holds {emb.shape[0]} x {emb.shape[1]} embeddings but "
+                f"{directory / INDEX_CONFIG_NAME}"
                 f" says rows [{start}, {stop}) of num_blocks={config['num_blocks']}, dim={config['dim']}"
             )
         shards.append((start, emb, mmap, directory / name))
@@ -962,7 +965,8 @@ def _open_shards(directory: Path, config: dict) -> list[tuple[int, torch.Tensor,
 
 
 def _check_removed_ids(removed_ids, num_blocks: int, source: str = "removed_ids") -> torch.Tensor:
-    """Removed block ids as a sorted, unique int64 CPU tensor [R], each in [0, num_blocks), leaving one block at least."""
+    """Removed block ids as a sorted, unique int64 CPU tensor [R], each in [0, num_blocks), leaving one block at
+    least."""
     if removed_ids is None:
         return torch.zeros(0, dtype=torch.long)
     ids = torch.as_tensor(removed_ids).reshape(-1)
@@ -1190,3 +1194,21 @@ def _read_faiss(path: Path, index_type: str, shape: torch.Size, params: dict):
             f"{path} holds {index.ntotal} x {index.d} vectors but the block embeddings are {shape[0]} x {shape[1]}"
         )
     return index
+
+
+__all__ = [
+    "BLOCK_EMB_NAME",
+    "FAISS_INDEX_NAME",
+    "HALF_PRECISION_RERANK",
+    "INDEX_CONFIG_NAME",
+    "INDEX_TYPES",
+    "REMOVED_IDS_NAME",
+    "default_chunk_size",
+    "RealmBlockIndex",
+    "resolve_index_params",
+    "save_block_emb_shard",
+    "shard_file_name",
+    "ShardedBlockIndex",
+    "torch_exact_search",
+    "write_sharded_index",
+]

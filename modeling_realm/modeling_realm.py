@@ -151,7 +151,8 @@ def mask_to_score(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class RealmReaderProjection(nn.Module):
-    """Span scorer: dense(2*span_hidden) split into start/end halves, relu(start[s] + end[e]), LayerNorm, dense -> 1."""
+    """Span scorer: dense(2*span_hidden) split into start/end halves, relu(start[s] + end[e]), LayerNorm, then dense
+    -> 1."""
 
     def __init__(self, config: RealmConfig):
         super().__init__()
@@ -233,7 +234,8 @@ _EXPECTED_LOAD_CHANGES: contextvars.ContextVar[tuple[tuple[str, ...], tuple[str,
 )
 
 
-# Starting from BERT: the model keys that may start fresh (REALM's heads, the pooler) and BERT's heads that may go unused.
+# Starting from BERT: the model keys that may start fresh (REALM's heads, the pooler) and BERT's heads that may go
+# unused.
 BERT_START_NEW_KEYS = (r"^(?!realm\.)", r"^realm\.pooler\.")
 BERT_HEAD_KEYS = (r"^cls\.",)
 
@@ -276,7 +278,8 @@ def check_backbone_loaded(source, missing: Iterable[str], found: Iterable[str]) 
         hint = ""
         if any(prefix.startswith("bert.") for prefix in found):
             hint = (
-                " These are BERT keys: a BERT checkpoint loads with from_bert_pretrained; a REALM folder that OpenREALM "
+                " These are BERT keys: a BERT checkpoint loads with from_bert_pretrained; a REALM folder that "
+                "OpenREALM "
                 "0.1 saved under them loads with from_pretrained(..., key_mapping={r'^bert\\.': 'realm.'})."
             )
         raise MissingWeightsError(
@@ -480,10 +483,10 @@ class RealmPreTrainedModel(PreTrainedModel):
                 raise
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """transformers' save_pretrained in REALM's key layout, all at once as a loader sees it: everything is written to
-        a staging folder beside save_directory, which then replaces it in one step (file_utils.replace_folder). Entries
-        of an existing folder that a save does not write (a model card, checkpoints) are kept; old weights, shards and
-        index are not."""
+        """transformers' save_pretrained in REALM's key layout, all at once as a loader sees it: everything is written
+        to a staging folder beside save_directory, which then replaces it in one step (file_utils.replace_folder).
+        Entries of an existing folder that a save does not write (a model card, checkpoints) are kept; old weights,
+        shards and index are not."""
         if not kwargs.get("is_main_process", True):
             return super().save_pretrained(save_directory, *args, **kwargs)
         save_directory = os.path.abspath(os.fspath(save_directory))
@@ -948,7 +951,8 @@ class RealmForOpenQA(RealmPreTrainedModel):
         index = retriever.index
         if warn_if_empty and index is self._zero_index and not self._zero_index_warned and not index.block_emb.any():
             logger.warning(
-                f"RealmForOpenQA: the retriever has no block embeddings, so its index is empty: all {index.num_blocks} "
+                "RealmForOpenQA: the retriever has no block embeddings, so its index is empty: all "
+                f"{index.num_blocks} "
                 f"x {index.dim} block embeddings are zero (as 4.x's block_emb before loading), every block scores 0 "
                 "and retrieval is arbitrary. Give them with model.block_emb = embeddings (or "
                 "model.block_emb.copy_(embeddings)), or retriever.swap_index(RealmBlockIndex.build(embeddings))."
@@ -1024,7 +1028,8 @@ class RealmForOpenQA(RealmPreTrainedModel):
         min_passage_overlap: float = 0.5,
     ) -> RealmForOpenQAOutput | tuple:
         """input_ids [B, Lq] questions; answer_ids: for one question a list of answers (each a list of wordpiece ids,
-        no special tokens) or a tensor [A, len] padded with -1; for B questions a list of B such lists (or [B, A, len]).
+        no special tokens) or a tensor [A, len] padded with -1; for B questions a list of B such lists (or [B, A,
+        len]).
 
         reader_beam_size / searcher_beam_size override the config for this call (e.g. read 100 blocks at inference,
         as REALM++ does). retrieved_block_ids [B, S]: read and score these blocks instead of searching the index

@@ -218,7 +218,8 @@ def normalize_answer_ids(answer_ids, batch_size: int) -> list[list[list[int]]] |
 
 
 def find_answer_spans(block_ids: list[int], offset: int, answers: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Every occurrence of every answer (exact wordpiece match) in block_ids; positions shifted by offset, inclusive."""
+    """Every occurrence of every answer (exact wordpiece match) in block_ids; positions shifted by offset,
+    inclusive."""
     starts, ends = [], []
     for answer in answers:
         width = len(answer)
@@ -426,7 +427,8 @@ class RealmRetriever:
         max_length: int = 288,
         batch_size: int = 32,
     ) -> torch.Tensor:
-        """`[CLS] title [SEP] text [SEP]` of each block through `embedder` (eval mode, no grad) -> float32 CPU [M, P]."""
+        """`[CLS] title [SEP] text [SEP]` of each block through `embedder` (eval mode, no grad) -> float32 CPU [M,
+        P]."""
         device = next(embedder.parameters()).device
         out = []
         was_training = embedder.training
@@ -486,7 +488,8 @@ class RealmRetriever:
         with self._index_lock:
             self.block_records, self._index, self._source_stamp = fresh.block_records, index, fresh._source_stamp
         logger.info(
-            f"{self.source_folder}: now serving {len(self.block_records)} blocks (index version {index.version if index else None})"
+            f"{self.source_folder}: now serving {len(self.block_records)} blocks (index version "
+            f"{index.version if index else None})"
         )
         return True
 
@@ -850,7 +853,8 @@ def open_legacy_block_records(npy_path: str) -> BlockRecords:
     if os.path.isfile(cached):
         return BlockRecords.open(cached)
     logger.info(
-        f"Converting legacy {npy_path} to {cached} (once; no pickle is executed; OPENREALM_CACHE sets the cache folder)."
+        f"Converting legacy {npy_path} to {cached} (once; no pickle is executed; OPENREALM_CACHE sets the cache "
+        "folder)."
     )
     created = missing_folders(parent)  # cache folders this call creates, removed again if the conversion fails
     try:

@@ -1,4 +1,5 @@
-"""REALM pre-training queries: one masked sentence per corpus record (Google §2.2, paper §3.4 and §4.5).
+"""REALM pre-training queries: one masked sentence per corpus record (Google's example_generator.py and
+featurization.py, paper sections 3.4 and 4.5).
 
 `mask_query` turns one knowledge-corpus record (columns `text`, `sentence_char_starts/ends`, `span_char_starts/ends`,
 `uid`, `block_id`) into a query; `SalientSpanCollator` does it for a batch and returns tensors.
@@ -116,7 +117,8 @@ def _salient_choice(
 ) -> tuple[tuple[int, int], tuple[int, int]] | str:
     """(sentence bounds, span relative to the sentence) of a span drawn uniformly from the valid ones, or a reason.
 
-    A span is valid when some sentence fully contains it; it belongs to the first such sentence (Google §2.2.1).
+    A span is valid when some sentence fully contains it; it belongs to the first such sentence (as Google's
+    example_generator.py).
     """
     starts, ends = record["span_char_starts"], record["span_char_ends"]
     if len(starts) != len(ends):
@@ -180,7 +182,8 @@ def _random_whole_word_span(
 def _featurize(
     piece_ids: Sequence[int], masked: Sequence[int], tokenizer, query_seq_len: int, max_masks: int
 ) -> dict[str, Any]:
-    """`[CLS] pieces (masked) [SEP]` padded to query_seq_len, and the first max_masks targets (Google §2.2.6-7)."""
+    """`[CLS] pieces (masked) [SEP]` padded to query_seq_len, and the first max_masks targets (Google's
+    featurization.py)."""
     ids = list(piece_ids[: query_seq_len - 2])
     for index in masked:
         ids[index] = tokenizer.mask_token_id  # 100% [MASK]: no 80/10/10

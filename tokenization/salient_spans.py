@@ -1,4 +1,5 @@
-"""Salient spans (named entities and dates) as character offsets within sentences (Google §2.1, paper §3.4).
+"""Salient spans (named entities and dates) as character offsets within sentences (Google's example_generator.py, paper
+section 3.4).
 
 The paper found entities with a BERT tagger trained on CoNLL-2003 and dates with a regular expression; Google's
 released code ships neither (its corpus comes pre-annotated), so this module provides:
@@ -56,7 +57,8 @@ _DATE_FORMS = [
     rf"{_MONTH}\s{_YEAR}",  # March 1912
     rf"{_DAY}\s(?:of\s)?{_MONTH}",  # 12 March
     rf"{_MONTH}\s{_DAY}(?![0-9])",  # March 12
-    rf"(?:[0-9]{{1,2}}(?:st|nd|rd|th)|{_ORDINAL_WORD})[\s-](?i:century)(?:\s{_ERA})?",  # 19th century, first century BC
+    # 19th century, first century BC
+    rf"(?:[0-9]{{1,2}}(?:st|nd|rd|th)|{_ORDINAL_WORD})[\s-](?i:century)(?:\s{_ERA})?",
     rf"[0-9]{{1,4}}\s?{_ERA}",  # 44 BC
     r"AD\s?[0-9]{1,4}",  # AD 79
     r"(?:1[0-9]{2}|20[0-9])0'?s",  # 1990s, 1990's

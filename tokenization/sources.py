@@ -288,7 +288,8 @@ def _check_no_missing(table, where: str, columns: dict[str, str]) -> None:
 
 
 def _feature_types(dataset) -> dict[str, str]:
-    """{column: type name} of a Dataset: the Arrow type of plain values ("string", "int64"), else the feature's kind."""
+    """{column: type name} of a Dataset: the Arrow type of plain values ("string", "int64"), else the feature's
+    kind."""
     from datasets import Value
 
     return {

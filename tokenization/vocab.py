@@ -1,5 +1,5 @@
 """Train a BERT-style uncased WordPiece vocabulary with the `tokenizers` library (for corpora BERT's vocabulary does
-not fit, such as the synthetic world of `openrealm.trainers.synthetic_world`).
+not fit, such as the synthetic world of `openrealm.trainers.world.synthetic_world`).
 
     tokenizer = train_wordpiece_vocab(world.texts(), "world-tokenizer", vocab_size=4000)   # -> RealmTokenizer
 

@@ -3,10 +3,11 @@
 
 transformers' Trainer writes OUTPUT/checkpoint-N/ file by file under its final name: a run killed (or out of disk)
 mid-save leaves a checkpoint-N holding some of its files, which `get_last_checkpoint` then picks and resuming fails on
-(or, without trainer_state.json, silently restarts from step 0). `StagedCheckpointTrainer` writes each checkpoint
-into OUTPUT/.staging-checkpoint-N/checkpoint-N/ and renames it into place once complete (file_utils.replace_folder);
-a failed save removes its staging folder, and a killed one's is removed by `remove_stale_staging` at the next start.
-`resolve_resume` turns `--resume-from-checkpoint [PATH|last]` into the newest whole checkpoint (see docs/guarantees.md).
+(or, without trainer_state.json, silently restarts from step 0). `StagedCheckpointTrainer` writes each checkpoint into
+OUTPUT/.staging-checkpoint-N/checkpoint-N/ and renames it into place once complete (file_utils.replace_folder); a
+failed save removes its staging folder, and a killed one's is removed by `remove_stale_staging` at the next start.
+`resolve_resume` turns `--resume-from-checkpoint [PATH|last]` into the newest whole checkpoint (see
+docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -180,3 +181,12 @@ def resolve_resume(
     if missing:
         raise FileNotFoundError(f"{path} is not a whole checkpoint: it has no {', '.join(missing)}")
     return path
+
+
+__all__ = [
+    "STAGING_PREFIX",
+    "is_staging_leftover",
+    "remove_stale_staging",
+    "resolve_resume",
+    "StagedCheckpointTrainer",
+]

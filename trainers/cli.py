@@ -1,18 +1,8 @@
 """The `openrealm` command line (also `python -m openrealm` and `accelerate launch -m openrealm`).
 
-openrealm quickstart [--output DIR] [--preset default|small]                            # the whole lifecycle, toy scale
-openrealm convert SOURCE DESTINATION [--index-type flat|ivf|hnsw|ivfpq] [--overwrite]   # 4.x folder -> new layout
-openrealm ask --model MODEL "question" [--top-k 3]                                      # answers with their blocks
-openrealm world --output DIR [--seed 0]                       # the synthetic world of fictional entities
-openrealm corpus build --input FILE.jsonl --output DIR [--spans spacy|regex|MODEL]      # knowledge corpus
-openrealm corpus build --input psgs_w100.tsv --output DIR --passages-as-blocks         # also Parquet, datasets, Hub
-openrealm corpus add|update --corpus DIR --input FILE.jsonl                             # new version: blocks added
-openrealm corpus remove --corpus DIR --titles TITLE ... | --ids ID ...                  # never retrieved again
-openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N                # ICT warm start
-openrealm train openqa --model MODEL --train FILE --dev FILE --output DIR --max-steps N     # open-QA fine-tuning
-openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type flat]    # MIPS index
-openrealm evaluate --model MODEL --dataset FILE_OR_NAME --output FILE.json [--retrieval bm25]  # EM, recall@k
-openrealm push --model DIR --repo-id ID [--eval-results FILE.json ...] [--private]      # Hub upload with card
+Every command is listed by `openrealm --help`: `convert` and `ask` are declared here, the jobs in JOBS below (their
+options in trainers/options.py, so that no job module is imported before its arguments parse). README.md and docs/
+show each with an example.
 
 Exit status: 0 done; 1 failed (a checkpoint missing trained weights, a model neither found locally nor loadable from
 the Hub, another I/O failure); 2 bad arguments or input (a malformed file, a missing path, an output that would
@@ -68,7 +58,8 @@ JOBS = {
     ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)", "train_ict"),
     ("train", "mlm"): (
         "openrealm.trainers.masked_lm",
-        "masked-LM training of the encoder on the corpus (BERT's objective; a checkpoint without an MLM head needs it)",
+        "masked-LM training of the encoder on the corpus (BERT's objective; a checkpoint without an MLM head needs "
+        "it)",
         "train_mlm",
     ),
     ("train", "pretrain"): (
@@ -326,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         if classified is None:
             raise
         return report_error(error, *classified)
+
+
+__all__ = [
+    "JOBS",
+    "build_parser",
+    "main",
+]
 
 
 if __name__ == "__main__":

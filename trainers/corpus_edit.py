@@ -1,27 +1,10 @@
 """Change a knowledge corpus without re-embedding it: `openrealm corpus add | remove | update`.
 
-    openrealm corpus add --corpus DIR --input NEW.jsonl                  # new articles -> new blocks, embedded, indexed
-    openrealm corpus remove --corpus DIR --titles "Title A" "Title B"    # or --ids 3 17: never retrieved again
-    openrealm corpus update --corpus DIR --input CHANGED.jsonl           # these titles' blocks replaced by new ones
-
-DIR is a corpus folder (`openrealm corpus build`, with the index that `openrealm index build --layout plain --output
-DIR/block_index` put in it, or none yet) or any retriever folder, e.g. an open-QA model (`train openqa`, `convert`).
-Articles are split into blocks as the corpus was (its tokenizer, block length, page filter); new blocks get the next
-ids and are embedded with the embedder snapshot stored in the index (block_index/embedder/, written by `index build`),
-so the user need not name it (`--embedder` for an index that has none, e.g. a converted 4.x checkpoint). Removed blocks
-keep their rows and records, so every other id, and the provenance of past answers, stays valid; no search returns
-them again, and every index built later from the corpus leaves them out.
-
-Each command writes one new version of DIR, all at once: staged beside it and swapped in (file_utils.atomic_directory),
-so a kill -9 leaves the previous version whole and loadable, and running the command again completes the change. It
-holds DIR's writer lock (file_utils.writer_lock) from reading the version it changes to writing the next: commands
-started together on one DIR take turns, each changing the version the previous one wrote. A DIR whose files disagree
-(blocks, records, index and corpus_config.json of different sizes) is refused, never extended.
-Running `add` twice is refused (the titles are already there; `update` replaces them). A model or pipeline serving
-from DIR picks the new version up between requests (RealmRetriever.reload_if_updated); a pre-training run whose
-corpus is DIR embeds the whole new version at its next index refresh. An approximate index (ivf, hnsw, pq, ivfpq)
-takes additions without retraining until more than its max_drift (default 10%) of rows changed since it was trained,
-then says it needs a rebuild (`openrealm index build`).
+New blocks are split as the corpus was and embedded with the embedder snapshot stored in the index; removed blocks
+keep their rows (every other id, and the provenance of past answers, stays valid) and are never retrieved again. Each
+command writes one new version of the folder all at once under its writer lock, so a killed command leaves the
+previous version whole. Usage and guarantees: docs/corpus.md ("Adding, updating and removing documents") and
+docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -72,7 +55,8 @@ _REWRITTEN = frozenset({BLOCKS_DIR, CONFIG_NAME, REMOVED_IDS_NAME, BLOCK_RECORDS
 
 
 def _holding_writer_lock(edit: Callable[..., dict]) -> Callable[..., dict]:
-    """edit(folder, ...) run while holding folder's writer lock (file_utils.writer_lock), from its read to its write."""
+    """edit(folder, ...) run while holding folder's writer lock (file_utils.writer_lock), from its read to its
+    write."""
 
     @functools.wraps(edit)
     def locked(folder: str | os.PathLike, *args, **kwargs) -> dict:
@@ -370,3 +354,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+__all__ = [
+    "edit_corpus",
+    "run",
+]

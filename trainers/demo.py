@@ -154,7 +154,8 @@ def build_demo(qa, *, examples: list[str] | tuple[str, ...] = (), num_retrieved:
 
     with gr.Blocks(title=title or f"OpenREALM: {name}", analytics_enabled=False) as demo:
         gr.Markdown(
-            f"## {html.escape(title or 'Ask ' + str(name))}\nREALM retrieves blocks of its knowledge corpus, reads the "
+            f"## {html.escape(title or 'Ask ' + str(name))}\nREALM retrieves blocks of its knowledge corpus, reads "
+            "the "
             "best of them and answers with a span of one: each answer below shows the block it came from."
         )
         with gr.Row():
@@ -196,3 +197,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         demo.close()
     return 0
+
+
+__all__ = [
+    "MARK_STYLE",
+    "NUM_EXAMPLES",
+    "NUM_RETRIEVED",
+    "answers_html",
+    "ask",
+    "blocks_html",
+    "build_demo",
+    "highlight",
+    "load_question_answerer",
+    "resolve_model",
+    "run",
+]

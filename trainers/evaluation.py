@@ -1,5 +1,6 @@
-"""Open-domain QA evaluation as in ORQA / REALM (spec §6.6): exact match after answer normalisation (regex match for
-CuratedTrec), retrieval recall@k, reader-oracle; QA datasets from JSONL or the Hub; `openrealm evaluate`.
+"""Open-domain QA evaluation as in ORQA / REALM (language/orqa/utils/eval_utils.py): exact match after answer
+normalisation (regex match for CuratedTrec), retrieval recall@k, reader-oracle; QA datasets from JSONL or the Hub;
+`openrealm evaluate`.
 
     openrealm evaluate --model MODEL --dataset FILE_OR_NAME --output FILE.json [--num-blocks N] [--limit N]
                        [--batch-size B] [--retrieval dense|bm25] [--split SPLIT]
@@ -447,3 +448,18 @@ def run(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{key} {results[key]:.2f}" for key in results if key == "exact_match" or "@" in key)
     print(f"{results['count']} questions: {summary}, reader_oracle {results['reader_oracle']:.2f} -> {args.output}")
     return 0
+
+
+__all__ = [
+    "METRIC_SCRIPT",
+    "evaluate_open_qa",
+    "exact_match",
+    "has_answer",
+    "load_open_qa_metric",
+    "load_qa_dataset",
+    "normalize_answer",
+    "read_results",
+    "regex_match",
+    "run",
+    "write_results",
+]

@@ -1,4 +1,5 @@
-"""ICT (Inverse Cloze Task) warm start of the REALM retriever (ORQA, Lee et al. 2019; Google's code, spec §5).
+"""ICT (Inverse Cloze Task) warm start of the REALM retriever (ORQA, Lee et al. 2019; Google's
+language/orqa/models/ict_model.py).
 
     openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N [options]
     accelerate launch --num_processes P -m openrealm train ict ...      # negatives gathered across processes
@@ -73,7 +74,8 @@ def query_input_ids(sentence_ids: Sequence[int], tokenizer, max_length: int = QU
 
 
 def block_inputs(title_ids: Sequence[int], token_ids: Sequence[int], tokenizer, max_length: int = BLOCK_SEQ_LEN):
-    """`[CLS] title [SEP] body [SEP]` -> (input_ids, token_type_ids), lists of at most max_length (spec §1.3)."""
+    """`[CLS] title [SEP] body [SEP]` -> (input_ids, token_type_ids), lists of at most max_length (Google's
+    featurization.py)."""
     encoded = block_retriever_inputs(title_ids, token_ids, tokenizer, max_length=max_length)
     return encoded["input_ids"], encoded["token_type_ids"]
 
@@ -593,3 +595,18 @@ def run(args: argparse.Namespace) -> int:
             tokenizer.push_to_hub(args.push_to_hub)
     leave_process_group(trainer.accelerator.state)  # Trainer logs through callbacks: no accelerate trackers
     return 0
+
+
+__all__ = [
+    "QUERY_SEQ_LEN",
+    "compute_ict_metrics",
+    "evaluate_retrieval",
+    "fixed_eval_examples",
+    "IctCollator",
+    "IctModel",
+    "in_batch_softmax_loss",
+    "pad_rows",
+    "query_input_ids",
+    "run",
+    "sample_sentence_queries",
+]

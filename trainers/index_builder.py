@@ -23,9 +23,7 @@ builder finishing an older version never moves "latest" backwards. `layout="plai
 RealmBlockIndex folder (atomically replaced); `--output CORPUS/block_index` then makes
 `RealmRetriever.from_pretrained(CORPUS)` load it directly.
 
-Departures from Google's encoder (same embeddings, faster): blocks are sorted by length and each batch is padded to its
-longest block instead of to 288 (padding is masked, so a row's embedding does not depend on its batch), and bf16/fp16
-autocast is used where the device supports it (default on CUDA; float32 on CPU).
+The embedding itself (sorted by length, sharded over processes, bf16 on CUDA) is trainers/embedding.py.
 """
 
 from __future__ import annotations
@@ -138,7 +136,8 @@ def next_version(root: str | os.PathLike) -> int:
 
 
 def latest_index_dir(root: str | os.PathLike) -> Path:
-    """The block_index/ folder of the newest complete version under root (load with RealmBlockIndex.from_pretrained)."""
+    """The block_index/ folder of the newest complete version under root (load with
+    RealmBlockIndex.from_pretrained)."""
     versions = list_versions(root)
     if not versions:
         raise FileNotFoundError(f"{root} holds no index version (expected {root}/v000000/{INDEX_SUBDIR}, ...)")
@@ -510,3 +509,18 @@ def exit_with_parent(parent: int, poll_seconds: float = PARENT_POLL_SECONDS) -> 
     watcher = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
     watcher.start()
     return watcher
+
+
+__all__ = [
+    "build_from_args",
+    "build_index",
+    "check_num_shards",
+    "exit_with_parent",
+    "latest_index_dir",
+    "list_versions",
+    "load_index",
+    "next_version",
+    "process_state",
+    "run",
+    "version_dir_name",
+]

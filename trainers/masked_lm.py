@@ -1,4 +1,5 @@
-"""Masked-LM training of the encoder on the corpus blocks: BERT's own pre-training objective, the stage REALM starts from.
+"""Masked-LM training of the encoder on the corpus blocks: BERT's own pre-training objective, the stage REALM starts
+from.
 
     openrealm train mlm --corpus DIR --init MODEL --output DIR --max-steps N [options]
 
@@ -6,10 +7,11 @@ REALM's encoder starts from BERT, whose masked-LM head already fills a [MASK] fr
 it to fill from a retrieved block too, and that is the retriever's only signal (retrieval utility). A checkpoint
 without a trained MLM head (a sentence-transformers model such as all-MiniLM-L6-v2, whose `cls.predictions.*` are
 absent) gives REALM a reader that cannot fill any mask, and the retriever learns from noise (benchmarks/RESULTS.md,
-issue 14 §2). This stage trains the head, and the encoder under it, with BERT's recipe on the corpus's own blocks:
-`[CLS] title [SEP] body [SEP]`, 15% of the wordpieces chosen, 80% of those replaced by [MASK], 10% by a random
-wordpiece, 10% kept (transformers' DataCollatorForLanguageModeling). The loss and the logits are computed at the
-chosen positions only (a 30,522-word vocabulary at every position would cost as much as the encoder).
+"Table 2 on real Wikipedia text, on a GPU"). This stage trains the head, and the encoder under it, with BERT's recipe
+on the corpus's own blocks: `[CLS] title [SEP] body [SEP]`, 15% of the wordpieces chosen, 80% of those replaced by
+[MASK], 10% by a random wordpiece, 10% kept (transformers' DataCollatorForLanguageModeling). The loss and the logits
+are computed at the chosen positions only (a 30,522-word vocabulary at every position would cost as much as the
+encoder).
 
 Before and after training, the loss and accuracy on the same `--eval-blocks` blocks, masked once with a fixed seed,
 go to OUTPUT/mlm_training.json. The result is a RealmKnowledgeAugEncoder folder for `openrealm train pretrain
@@ -190,7 +192,8 @@ def build_trainer(args: argparse.Namespace, model: MaskedLmModel, tokenizer, dat
 
 @holding_output
 def run(args: argparse.Namespace) -> int:
-    """`openrealm train mlm`: measure, train, measure again, save the encoder (and mlm_training.json) in args.output."""
+    """`openrealm train mlm`: measure, train, measure again, save the encoder (and mlm_training.json) in
+    args.output."""
     from transformers import AutoTokenizer
 
     inputs = [("--corpus", args.corpus), ("--init", args.init), ("--tokenizer", args.tokenizer)]
@@ -257,3 +260,12 @@ def run(args: argparse.Namespace) -> int:
         )
     leave_process_group(trainer.accelerator.state)
     return 0
+
+
+__all__ = [
+    "collator",
+    "CorpusBlocks",
+    "evaluate",
+    "MaskedLmModel",
+    "run",
+]

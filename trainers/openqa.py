@@ -1,29 +1,12 @@
-"""Open-QA fine-tuning of `RealmForOpenQA` on transformers' `Trainer` (ORQA as REALM used it, spec §6, with the
-REALM++ options).
+"""Open-QA fine-tuning of `RealmForOpenQA` on transformers' `Trainer` (ORQA as REALM used it, Google's
+language/orqa/models/orqa_model.py, with the REALM++ options): `openrealm train openqa`.
 
     openrealm train openqa --model MODEL --train FILE --dev FILE --output DIR --max-steps N [--corpus DIR] [options]
 
-MODEL: a RealmForOpenQA folder or Hub id (with its corpus and index), or a pre-training output (embedder/ + encoder/
-of `openrealm train pretrain`) with `--corpus DIR`; `--embedder` / `--encoder` name the two towers separately (e.g.
-google/realm-cc-news-pretrained-embedder and -encoder). From towers, the reader's BERT starts from the encoder's
-`realm.*` weights (its MLM head is dropped, the span scorer is new), the query tower is the embedder, and the index
-holds the embedder's block embeddings (spec §6.1).
-
-What is trained (spec §6.2-§6.4): the query tower and the reader; the block embeddings stay frozen (the index is not
-rebuilt). Loss = retriever loss over the top `searcher_beam_size` blocks (default 5000, capped at the corpus size) +
-reader loss over the top `reader_beam_size` blocks (default 5), one joint softmax over (block, span), each zeroed when
-nothing is correct. Distant supervision: answer strings matched as wordpieces, or, for rows whose `match` is "regex"
-(CuratedTrec, which the original code could not train on), answer patterns matched in the block text.
-
-REALM++ options: exact MIPS (the index type of the corpus index; exact by default), many questions per step plus
-gradient accumulation (the original used one), blocks read at inference set apart from training
-(`eval_reader_beam_size`, default 100, saved in the output config), and passage supervision (`passage_supervision`):
-rows with a `gold_passage_id` (a block id, or the id of a passage of `gold_passages` whose text is matched to the
-retrieved blocks by >= 50% word overlap) add -log sum_{gold} p(block | question) to the loss.
-
-OUTPUT: the RealmForOpenQA folder (weights, config, tokenizer, block records, index, custom code; loadable with
-`pipeline("question-answering", model=OUTPUT)`), its model card (README.md), `openqa_training.json` (settings, loss
-history, dev metrics before and after) and `dev_results.json` (the final dev evaluation with predictions).
+MODEL: a RealmForOpenQA folder or Hub id, or the towers of a pre-training output with `--corpus`. The query tower and
+the reader train; the block embeddings stay frozen (ORQA). Loss: the retriever loss over the top `searcher_beam_size`
+blocks plus the reader loss over the top `reader_beam_size`, by distant supervision (answer wordpieces, or regex
+answers). What it writes and the REALM++ options: docs/openqa.md.
 """
 
 from __future__ import annotations
@@ -111,7 +94,7 @@ def openqa_model_from_pretraining(
     index: RealmBlockIndex | str | os.PathLike | None = None,
     **config_overrides,
 ) -> RealmForOpenQA:
-    """A RealmForOpenQA from REALM pre-training towers (spec §6.1).
+    """A RealmForOpenQA from REALM pre-training towers (orqa_model.py).
 
     embedder: RealmEmbedder (folder, Hub id or model; e.g. OUTPUT/embedder of `openrealm train pretrain`): the query
     tower, and the document tower of the index. encoder: RealmKnowledgeAugEncoder or BERT (folder, Hub id or model;
@@ -555,3 +538,14 @@ def run(args: argparse.Namespace) -> int:
     warning = f"; warning: {summary['dropped_warning']}" if summary["dropped_warning"] else ""
     print(f"Saved the fine-tuned RealmForOpenQA to {args.output}{warning}")
     return 0
+
+
+__all__ = [
+    "finetune_openqa",
+    "load_openqa_model",
+    "openqa_model_from_pretraining",
+    "OpenQACollator",
+    "read_gold_passages",
+    "run",
+    "save_finetuned",
+]

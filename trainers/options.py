@@ -454,8 +454,8 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="A",
-        help="diagnostic, not for training a model: the reader's p(y|z,x) becomes A * an oracle's (sure where the block "
-        "holds the masked span, at chance elsewhere) + (1 - A) * the encoder's; 1 trains the retriever alone "
+        help="diagnostic, not for training a model: the reader's p(y|z,x) becomes A * an oracle's (sure where the "
+        "block holds the masked span, at chance elsewhere) + (1 - A) * the encoder's; 1 trains the retriever alone "
         "(default 0: REALM)",
     )
     parser.add_argument(
@@ -498,7 +498,8 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
         "--preflight",
         action="store_true",
         help="instead of training: measure whether this run can train its retriever (salient spans stated in other "
-        "blocks, answers among the start's K candidates, p(z|x)'s entropy, the reader's utility, a short oracle-reader "
+        "blocks, answers among the start's K candidates, p(z|x)'s entropy, the reader's utility, a short "
+        "oracle-reader "
         "run) and write OUTPUT/preflight.json with a verdict and advice (docs/pretraining.md)",
     )
     parser.add_argument(
@@ -676,3 +677,52 @@ def push(parser: argparse.ArgumentParser) -> None:
         help="also add a Space-ready Gradio app (app.py, openrealm_demo.py, requirements.txt) to the folder",
     )
     output_options(parser)
+
+
+__all__ = [
+    "MASK_RATE",
+    "ICT_LEARNING_RATE",
+    "EMBEDDING_DROPOUT",
+    "PRETRAIN_LEARNING_RATE",
+    "NUM_CANDIDATES",
+    "REFRESH_MODES",
+    "PREFLIGHT_STEPS",
+    "MASKING_STRATEGIES",
+    "SEARCHER_BEAM_SIZE",
+    "READER_BEAM_SIZE",
+    "EVAL_READER_BEAM_SIZE",
+    "OPENQA_LEARNING_RATE",
+    "MIN_PASSAGE_OVERLAP",
+    "OPENQA_SUMMARY_NAME",
+    "OPENQA_DEV_RESULTS_NAME",
+    "QUICKSTART_OUTPUT",
+    "QUICKSTART_PRESETS",
+    "DEFAULT_RECALL_KS",
+    "MAX_BLOCK_LENGTH",
+    "INDEX_TYPES",
+    "DTYPE_NAMES",
+    "WARN_DROPPED_SHARE",
+    "MAX_DROPPED_SHARE",
+    "DEMO_NUM_RETRIEVED",
+    "positive_int",
+    "share",
+    "max_dropped_share_option",
+    "output_options",
+    "index_param",
+    "quickstart",
+    "world",
+    "corpus_build",
+    "input_options",
+    "deduplicate_option",
+    "corpus_add",
+    "corpus_update",
+    "corpus_remove",
+    "train_ict",
+    "train_mlm",
+    "train_pretrain",
+    "train_openqa",
+    "index_build",
+    "evaluate",
+    "demo",
+    "push",
+]

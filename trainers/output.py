@@ -74,3 +74,9 @@ def quiet_trainer_logs(trainer: Trainer, verbose: bool = False) -> Trainer:
     if trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(StageProgress)
     return trainer
+
+
+__all__ = [
+    "configured",
+    "quiet_trainer_logs",
+]

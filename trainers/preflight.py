@@ -1,33 +1,12 @@
 """Pre-flight check: can this REALM pre-training run train its retriever? (`openrealm train pretrain --preflight`)
 
-    openrealm train pretrain --corpus DIR --embedder MODEL --encoder MODEL --output DIR --max-steps N \
-        --refresh-every N [options] --preflight [--preflight-steps 300]
-
 REALM trains the retriever only through the marginal likelihood: the gradient on a candidate's score is
-p(z|x,y) - p(z|x) (paper §2.3). It moves the retriever towards the blocks that state a masked span only if (a) salient
-spans are stated in blocks other than their own, (b) the starting index puts such a block among the K candidates of a
-useful share of queries, (c) the prior p(z|x) over the K candidates is not near one-hot, and (d) the reader predicts
-the masked words better from a block that holds them than from the others. On the run's own corpus, towers and options
-this measures, and writes to OUTPUT/preflight.json:
-
-1. `spans_stated_elsewhere` (a): the share of salient spans whose wordpieces also occur, as whole wordpieces (the rule
-   of `holds_masked_span`: not followed by a "##" piece, [UNK] never matching), in the body of another block. At most
-   MAX_SPANS spans, drawn with the run's seed.
-2. `answer_in_candidates_at_start` (b): the share of held-out masked queries (`fixed_masked_queries` of the
-   `held_out_query_blocks` an oracle run holds out) with a candidate holding the span among the K the starting index
-   gives (`RealmPretrainingExamples`: trivial exclusion, null document), beside `answer_in_candidates_by_chance`.
-3. `start_entropy` (c): the mean entropy of p(z|x) over those K candidates (nats; `log_num_candidates` for scale), and
-   `retrieval_utility` (d): the encoder's mean log p(y|z,x) of the masked wordpieces from candidates holding them minus
-   from the other candidates, with K candidates made of the null document, one block that states the span and K - 2
-   random others (RealmPretrainingModel's reader; this is not the logged Google §3.6 retrieval_utility).
-4. `oracle_gain`: held-out recall@5 after `--preflight-steps` steps of `train pretrain --oracle-reader-weight 1
-   --hold-out-queries N --refresh-mode sync` (trainers/pretrain.py's own run, into OUTPUT/preflight/oracle) minus the
-   start's: whether REALM's retriever path learns on this corpus and index with a perfect reader.
-5. `verdict` ("yes", "reader first", "no") and `advice`, by the thresholds of `PreflightThresholds`.
-
-OUTPUT/preflight/ holds the start's index (version 0, unless --index) and the oracle run; neither it nor
-preflight.json counts as an earlier run for a `train pretrain` into OUTPUT afterwards. The verdict is information:
-the command exits 0 once the report is written.
+p(z|x,y) - p(z|x) (paper section 2.3). On the run's own corpus, towers and options this measures whether salient spans
+are stated in other blocks (`spans_stated_elsewhere`), whether the starting index retrieves such a block
+(`answer_in_candidates_at_start`), whether p(z|x) is near one-hot (`start_entropy`), whether the encoder reads
+(`retrieval_utility`: not the logged metric of Google's model.py) and whether a short oracle-reader run of this job
+trains the retriever (`oracle_gain`), and writes OUTPUT/preflight.json with a verdict and advice. The measures, their
+thresholds and the verdicts: docs/pretraining.md ("Pre-flight check").
 """
 
 from __future__ import annotations
@@ -351,7 +330,8 @@ def judge(report: dict[str, Any], thresholds: PreflightThresholds = THRESHOLDS) 
     report holding the measured numbers. "no": spans not stated elsewhere, or no oracle gain (nothing the reader does
     helps then); "reader first": otherwise, when the encoder does not read; "yes": the VERDICT_CHECKS all pass;
     "unknown": one of them could not be measured (no oracle run, no span annotations, no held-out query with an
-    answer block). The other checks give advice only: the oracle run shows whether the retriever learns despite them."""
+    answer block). The other checks give advice only: the oracle run shows whether the retriever learns despite
+    them."""
     t, advice = thresholds, []
     k = report["num_candidates"]
 
@@ -559,7 +539,8 @@ def print_report(report: dict[str, Any], path: Path, file=None) -> None:
 
     sample = report["span_sample"]
     lines = [
-        f"REALM pre-flight check of {report['corpus']} ({report['num_blocks']:,} blocks, K = {report['num_candidates']})",
+        f"REALM pre-flight check of {report['corpus']} ({report['num_blocks']:,} blocks, K = "
+        f"{report['num_candidates']})",
         line(
             "spans_stated_elsewhere",
             f"spans stated in another block: {_f(report['spans_stated_elsewhere'])} "

@@ -1,62 +1,13 @@
-"""REALM pre-training job: retrieval-augmented salient-span MLM on transformers' `Trainer` (Google §2-§4).
+"""The `openrealm train pretrain` job: REALM's retrieval-augmented salient-span MLM on transformers' `Trainer`.
 
     openrealm train pretrain --corpus DIR --embedder MODEL --encoder MODEL --output DIR --max-steps N \
         --refresh-every N [--refresh-mode async|sync|off] [options]
 
-MODEL: a folder or Hub id of a REALM checkpoint (RealmEmbedder / RealmKnowledgeAugEncoder) or of any BERT checkpoint
-(new REALM heads), or `random` sized by `--config-overrides`. Google starts the embedder from ICT and the encoder from
-BERT.
-
-The loop is the stock `Trainer`; the REALM parts are a data collator (`SalientSpanCollator` -> masked queries, then
-`RealmPretrainingExamples` -> top-K candidates from the current index, null document first), the model
-(`RealmPretrainingModel`: marginal MLM loss over the K candidates) and the `IndexRefreshCallback`, which shares the
-examples object with the collator and swaps its (query embedder, index) pair. Before training, index version 0 is built
-from the initial embedder into OUTPUT/index (or `--index ROOT` is loaded; it must have been built from --embedder).
-
-Logged with the loss: retrieval_utility, null_doc_prob, retrieval_entropy (of p(z|x): near 0 means a saturated retrieval
-softmax), top/oracle candidate log-probs (Google §3.6), the examples' counters (trivial retrievals, examples dropped for
-duplicate uids, queries skipped by the masker in all and by reason, their sum num_dropped_examples, and
-num_skipped_batches: batches left with no example, which take a zero-loss step instead of crashing), the batches' index
-version and the refresh metrics (index_version, index_staleness_steps/seconds, refresh_stall_seconds, builds).
-
-A run that would train (nearly) nothing does not end "done" (trainers/dropped.py, docs/pretraining.md): it is refused
-before anything is built when the corpus shows it (no block with a salient span, `salient_span_refusal`; more than
---max-dropped-share of the blocks without one; fewer distinct searchable blocks than --num-candidates,
-`distinct_blocks_refusal`), and otherwise stopped with an error, saving no model, once more than --max-dropped-share of
-the corpus rows read gave no example; above half, the summary line warns with the counts by cause.
-
-OUTPUT at the end: `embedder/` (RealmEmbedder), `encoder/` (RealmKnowledgeAugEncoder), `scorer/` (RealmScorer holding
-the embedder's weights), each with the tokenizer and a model card (README.md, `openrealm.hub_cards`), the tokenizer at
-the top too, `pretraining.json` (settings, final metrics, and the run's skipped_batches / dropped_examples summed over
-the processes), and `index/` (the newest index versions).
-
-Checkpoints (`--save-steps N`, the newest `--save-total-limit` kept): OUTPUT/checkpoint-STEP/ holds the Trainer's files
-(optimizer, scheduler, RNG, trainer_state.json) plus `embedder/`, `encoder/` (the weights), `scorer/`,
-`query_embedder/` (the frozen snapshot the index in use was built from), the tokenizer and `refresh_state.json` (index
-version in use, its snapshot step/time, index_root). A checkpoint appears whole or not at all (written into a hidden
-staging folder and renamed into place when complete: trainers/checkpoints.py), and `--resume-from-checkpoint last`
-takes the newest whole one. The index versions a kept checkpoint uses are never pruned.
-`--resume-from-checkpoint [PATH|last]` restores the Trainer state and the (query embedder, index) pair of
-refresh_state.json before training continues.
-
-`--preflight` trains nothing into OUTPUT: trainers/preflight.py measures whether this run can train its retriever
-(spans stated in other blocks, answers among the start's candidates, p(z|x)'s entropy, the reader's utility, a short
-oracle-reader run of this job) and writes OUTPUT/preflight.json with a verdict and advice (docs/pretraining.md).
-
-`--push-to-hub REPO` uploads embedder/, encoder/ and scorer/ to three repos REPO-embedder, REPO-encoder, REPO-scorer
-(each loadable with `from_pretrained(repo)`), with their model cards.
-
-Several processes (`accelerate launch --multi_gpu --num_processes N -m openrealm train pretrain ...`; on a CPU-only
-machine too, as DDP over gloo): DDP through the Trainer; index v0 is embedded sharded and written by rank 0; the refresh
-callback makes every rank swap to the same index version at the same step (see trainers/refresh.py); checkpoints go
-through one staging folder shared by the ranks (each adds its rng state) and rank 0 alone writes the rest, as it alone
-writes the output folders, the others waiting at barriers. Each rank writes OUTPUT/refresh/rank-R.json: the
-(first step, index version) pairs it trained with and its batches were collated from, its swaps, peak memory.
-With `--shard-index` (exact index) every version is written as one file per rank and each rank holds only its
-rows as a ShardedBlockIndex on its device; each collate step's search is collective (index_realm.ShardedBlockIndex).
-
-Departures from Google's code: the DataLoader runs in the training process (dataloader_num_workers=0) because the
-collator's examples object is the one the refresh callback updates (Google runs separate example-generator servers).
+This module wires the parts of trainers/pretraining/ together: the collator (masked queries -> top-K candidates from
+the current index), `RealmPretrainingModel` (the marginal likelihood that trains the retriever), `IndexRefreshCallback`
+(the index refresh) and the checks before training (a run that would train nothing is refused or stopped). What a run
+writes, logs and checkpoints, the refresh, several processes and the departures from Google's train_realm.py:
+docs/pretraining.md.
 """
 
 from __future__ import annotations
@@ -426,3 +377,9 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             print("REALM pre-training: pushed " + ", ".join(f"{k} -> {v}" for k, v in pushed.items()))
     leave_process_group(state)
     return 0
+
+
+__all__ = [
+    "build_trainer",
+    "run",
+]

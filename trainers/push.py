@@ -37,7 +37,8 @@ def check_open_qa_folder(folder: str | os.PathLike) -> dict:
     if missing:
         raise FileNotFoundError(
             f"{folder} is not a complete RealmForOpenQA folder: missing {', '.join(missing)} (save it with "
-            "RealmForOpenQA.save_pretrained on a model that has its retriever, e.g. the output of openrealm train openqa)"
+            "RealmForOpenQA.save_pretrained on a model that has its retriever, e.g. the output of openrealm train "
+            "openqa)"
         )
     config = read_json_object(folder / "config.json")
     if "RealmForOpenQA" not in (config.get("architectures") or []):
@@ -115,3 +116,10 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"Pushed {args.model} to {args.repo_id}: {url}")
     return 0
+
+
+__all__ = [
+    "push_open_qa_model",
+    "run",
+    "write_model_card",
+]

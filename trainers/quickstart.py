@@ -1,38 +1,11 @@
-"""The whole REALM lifecycle on an embedded default, end to end: `openrealm quickstart` (the README's first command).
+"""The whole REALM lifecycle on a generated world, end to end: `openrealm quickstart` (the README's first command).
 
     openrealm quickstart [--output realm-quickstart] [--seed 0] [--preset default|small] [--overwrite]
 
 A seeded world of fictional entities (no pretrained model can know its facts) becomes a knowledge corpus; a WordPiece
-vocabulary, ICT, REALM pre-training with an asynchronously refreshed index, open-QA fine-tuning and evaluation on
-held-out entities follow, each with the same code a user runs on Wikipedia. Each new index is swapped in exactly
-`refresh_every` steps after its snapshot (`--refresh-lag`), so on one machine a seed gives the same numbers however the
-processes are scheduled; the pre-training runs, and then the fine-tuning runs, share the cores in parallel processes.
-Written under OUTPUT/:
-
-    world/               articles.jsonl, questions_{train,dev,test}.jsonl (test = entities held out of training)
-    tokenizer/           the WordPiece vocabulary trained on the world
-    corpus/              blocks (Arrow), salient spans, block records
-    ict/                 the ICT warm-started embedder
-    reading-warmup/      the encoder after the reading warm-up, the world's "BERT stage" (trainers/reading_warmup.py)
-    pretrain/            REALM pre-training: embedder/, encoder/, scorer/, index/ versions, pretraining.json
-    pretrain-stale-index/, pretrain-random-span-masks/
-                         Table 2's ablations: the same pre-training with the index never refreshed, and with random
-                         spans masked instead of salient ones
-    realm-openqa/        the fine-tuned REALM model: a Hub-ready folder (weights, tokenizer, corpus, index, model card,
-                         custom code) that `pipeline("question-answering", model=...)` loads
-    no-pretraining-openqa/  the same fine-tuning from the ICT embedder and the warmed-up encoder (ORQA's recipe)
-    stale-index-openqa/, random-span-masks-openqa/   the same fine-tuning from each ablation's towers
-    logs/                the output of each run that ran in parallel with others (pre-training, fine-tuning)
-    report.md            results, with figure_pretraining.png (retrieval utility and recall@5 against pre-training
-                         step: the paper's Figure 4 at toy scale) and figure_comparison.png (EM and recall@5 of REALM,
-                         REALM's reader over BM25 retrieval, no REALM pre-training and the ablations, all measured in
-                         this run), and Table 2's rows: zero-shot retrieval recall@5 and exact match of each start
-    results.json         the same numbers; "ablations" (Table 2) and "pretraining_curve" (Figure 4) machine-readably
-
-There is no BERT for the world's vocabulary, so the reading warm-up stands in for it: a random encoder learns to copy a
-masked name from another article's statement of the same fact, with names renamed in every example so that it learns
-to read, not the world's facts. REALM and its ablations start from it and from the ICT embedder, as the paper's start
-from BERT and ICT; "no pre-training" fine-tunes those two directly (ORQA's recipe).
+vocabulary, ICT, the reading warm-up (the world's stand-in for BERT), REALM pre-training with its Table 2 ablations,
+open-QA fine-tuning and evaluation on held-out entities follow, each with the code a user runs on Wikipedia; the report
+and its figures are trainers/quickstart_report.py. What it writes and what it shows: docs/quickstart.md.
 """
 
 from __future__ import annotations
@@ -62,14 +35,15 @@ class Preset:
     vocab_size: int
     block_length: int  # wordpieces per block: short blocks make each step cheap on CPU (Wikipedia: 288)
     model: str  # RealmConfig overrides of the tiny random models (k=v,...)
-    reading_warmup_steps: int  # the encoder's "BERT stage" (trainers/reading_warmup.py)
+    reading_warmup_steps: int  # the encoder's "BERT stage" (trainers/world/reading_warmup.py)
     ict_steps: int
     ict_batch_size: int
     ict_learning_rate: float
     pretrain_steps: int
     pretrain_batch_size: int
     # K, null document included (Google: 8). More candidates per query give the retriever more signal: K = 24 made
-    # Figure 4 rise for seeds 0-2 where K = 8 did for seed 0 only, at 1.5-3x the cost (benchmarks/RESULTS.md, issue 14)
+    # Figure 4 rise for seeds 0-2 where K = 8 did for seed 0 only, at 1.5-3x the cost (see RESULTS.md's
+    # "A reader that can read" section)
     pretrain_num_candidates: int
     pretrain_learning_rate: float
     pretrain_embedder_learning_rate: float  # lower than the encoder's: at 1e-3 the retriever's recall falls
@@ -92,9 +66,10 @@ MODEL = (
     "max_span_width=10"
 )
 
-# A world small enough that a fact's other mention is often among the ICT retriever's top 8 blocks (117 blocks at
-# seed 0): on the 332-block world of 120 people the answer block was a candidate for 1 query in 7, the retriever's
-# gradient was noise, and REALM pre-training flattened p(z|x) instead of learning (benchmarks/RESULTS.md, issue 14).
+# A world small enough that a fact's other mention is often among the ICT retriever's top 8 blocks (117 blocks at seed
+# 0): on the 332-block world of 120 people the answer block was a candidate for 1 query in 7, the retriever's gradient
+# was noise, and REALM pre-training flattened p(z|x) instead of learning (benchmarks/RESULTS.md, "A reader that can
+# read, and what REALM's gradient then does to the retriever").
 WORLD = {
     "num_people": 40,
     "num_organizations": 12,
@@ -163,8 +138,9 @@ class Stages:
         step: `--refresh-lag`)."""
         import multiprocessing
 
-        # As many at once as there are cores (2 cores, seed 0: the three pre-training runs took 343 s one after another,
-        # 270 s two at a time, 264 s all at once; the four fine-tuning runs 113 s two at a time, 127 s all at once).
+        # As many at once as there are cores (2 cores, seed 0: the three pre-training runs took 343 s one after
+        # another, 270 s two at a time, 264 s all at once; the four fine-tuning runs 113 s two at a time, 127 s all at
+        # once).
         cores = os.cpu_count() or 1
         workers = max(1, min(len(calls), cores))
         threads = max(1, cores // workers)
@@ -521,3 +497,14 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
 def run(args: argparse.Namespace) -> int:
     quickstart(args.output, args.preset, args.seed, args.overwrite, progress=not args.quiet)
     return 0
+
+
+__all__ = [
+    "PRESETS",
+    "PRETRAINING_STAGE",
+    "WORLD",
+    "quickstart",
+    "run",
+    "share_cpu_cores",
+    "Stages",
+]

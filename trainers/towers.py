@@ -48,10 +48,11 @@ MLM_HEAD = "cls.predictions.transform."  # BERT's MLM head apart from the decode
 def untrained_mlm_head_message(source: str, flag: str) -> str:
     """What `load_encoder` warns when a BERT checkpoint has no masked-LM head."""
     return (
-        f"{flag} {source} has no masked-LM head (no cls.predictions.* weights, as in sentence-transformers models): it "
+        f"{flag} {source} has no masked-LM head (no cls.predictions.* weights, as in sentence-transformers models): "
+        "it "
         "starts untrained, so REALM's encoder cannot fill a [MASK] from a retrieved block and the retriever learns "
         f"from noise. Train it on the corpus first: openrealm train mlm --corpus CORPUS --init {source} --output "
-        "ENCODER, then pass --encoder ENCODER (benchmarks/RESULTS.md, issue 14)"
+        "ENCODER, then pass --encoder ENCODER (docs/pretraining.md)"
     )
 
 
@@ -277,3 +278,17 @@ def freeze_unused_mlm_head(embedder: RealmEmbedder) -> None:
     for parameter in embedder.cls.predictions.parameters():
         if id(parameter) not in used:
             parameter.requires_grad_(False)
+
+
+__all__ = [
+    "check_corpus_ids",
+    "check_model_folder",
+    "check_same_architecture",
+    "check_tokenizer",
+    "fit_length",
+    "freeze_unused_mlm_head",
+    "load_embedder",
+    "load_encoder",
+    "save_tower",
+    "scorer_from_embedder",
+]

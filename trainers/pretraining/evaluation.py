@@ -1,4 +1,5 @@
-"""Does REALM pre-training learn? Retrieval utility and recall on a fixed set of masked queries (paper §4.5, Figure 4).
+"""Does REALM pre-training learn? Retrieval utility and recall on a fixed set of masked queries (paper section 4.5,
+Figure 4).
 
     queries = fixed_masked_queries(tokenizer, blocks, num_queries=256, seed=0)
     metrics = evaluate_pretraining(model, tokenizer, blocks, queries)   # a fresh exact index from model.embedder
@@ -6,11 +7,12 @@
 
 A query is one masked sentence drawn from a corpus block, as in training (`SalientSpanCollator`, seeded once, so every
 evaluation scores the same queries). Its answer blocks are the other blocks whose text contains the masked span: the
-knowledge the encoder could copy the span from (the query's own block is the trivial retrieval, excluded as in training).
+knowledge the encoder could copy the span from (the query's own block is the trivial retrieval, excluded as in
+training).
 
 Metrics (`evaluate_pretraining`):
 - `recall@k`: fraction of queries with an answer block among the top k blocks retrieved (own block excluded).
-- `retrieval_utility` (Google §3.6, per masked token): log p(y|x) marginalised over the K candidates minus
+- `retrieval_utility` (Google's model.py, per masked token): log p(y|x) marginalised over the K candidates minus
   log p(y|null document, x); > 0 when the retrieved documents help the encoder.
 - `mlm_loss` (-mean marginal log p(y|x)), `mlm_accuracy` (argmax of the marginal p(y|x) = the masked token),
   `null_doc_prob` (mean p(null|x)), `retrieval_entropy` (mean entropy of p(z|x) over the K candidates, nats),

@@ -24,7 +24,7 @@ from openrealm.tokenization.corpus import block_retriever_inputs
 from openrealm.trainers.embedding import embed_queries
 from openrealm.trainers.options import NUM_CANDIDATES
 
-# Google's local_launcher.sh / model.py defaults (spec §2.3, §3.1).
+# Google's local_launcher.sh / model.py defaults.
 QUERY_SEQ_LEN = 96
 
 
@@ -83,8 +83,9 @@ class RealmPretrainingExamples:
     """Masked queries + (query embedder snapshot, index, corpus blocks) -> REALM pre-training batches.
 
     `blocks`: the corpus rows (`load_corpus(DIR)` or a list of dicts with `title_ids`, `token_ids`, `uid`), in block-id
-    order, matching `index`. `query_embedder` must be the embedder `index` was built with (Google §4.3: the query and
-    document embeddings of one snapshot choose the candidates); swap both together with `update_index`.
+    order, matching `index`. `query_embedder` must be the embedder `index` was built with (Google's
+    refresh_doc_embeds.py: the query and document embeddings of one snapshot choose the candidates); swap both together
+    with `update_index`.
 
     `__call__(queries)` takes `SalientSpanCollator`'s batch (`query_input_ids`, `query_attention_mask`, `labels`
     [B, Lq], `uid` list, `block_id` [B]) and returns, for the B' <= B kept examples:

@@ -33,24 +33,14 @@ ORACLE_EPS = 0.01
 ORACLE_BACKGROUND = 1e-3
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Examples (Google's example_generator + featurization, spec §2.3 and §3.3-§3.4)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Model (Google's model.py, spec §3.1-§3.6)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class RealmPretrainingOutput(ModelOutput):
     """`loss` (scalar): -mean over masked tokens of m = logsumexp_k [log p(z_k|x) + log p(y|z_k,x)]; `relevance_score`
     [B, K] = q·d; `candidate_log_prob` [B, K] = log p(z|x); `token_log_prob` [N, K] = log p(y_j|z_k,x) at the N masked
     tokens (row-major over (b, position)); `marginal_log_prob` [N]; `retrieval_utility`: mean over masked tokens of m -
-    log p(y|null,x) (Google §3.6); `null_doc_prob`: mean p(null|x); `retrieval_entropy`: mean entropy of p(z|x) over the
-    K candidates in nats (log K: uniform; near 0: one candidate takes all the mass and the retriever's gradient,
-    p(z|x,y) - p(z|x), vanishes); `top_candidate_log_prob`: mean log p(y|z*,x) with z* = argmax_k p(z_k|x);
+    log p(y|null,x) (Google's model.py metrics); `null_doc_prob`: mean p(null|x); `retrieval_entropy`: mean entropy of
+    p(z|x) over the K candidates in nats (log K: uniform; near 0: one candidate takes all the mass and the retriever's
+    gradient, p(z|x,y) - p(z|x), vanishes); `top_candidate_log_prob`: mean log p(y|z*,x) with z* = argmax_k p(z_k|x);
     `oracle_candidate_log_prob`: the same with z* = the candidate of highest reader likelihood of the example's masked
     tokens; `answer_in_candidates`: fraction of examples with an answer-holding candidate (`holds_answer`);
     `answer_posterior_gain`: mean over the masked tokens and the answer-holding candidates of p(z|x,y_j) - p(z|x), the
@@ -183,7 +173,7 @@ class RealmPretrainingModel(nn.Module):
             candidate_attention_mask,
             query_token_type_ids,
         )
-        # Plain inner product over the K candidates only: no temperature, no scaling (Google §3.2).
+        # Plain inner product over the K candidates only: no temperature, no scaling (as Google's model.py).
         relevance_score = torch.einsum("bp,bkp->bk", query_emb, candidate_emb)
         candidate_log_prob = relevance_score.float().log_softmax(-1)
         rows = mask.nonzero(as_tuple=True)[0]  # the example of each of the N masked tokens
@@ -291,8 +281,8 @@ class RealmPretrainingModel(nn.Module):
         holds_answer: torch.Tensor | None,
         reader_log_prob: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Google §3.6 retrieval_utility (index 0 is the null document), plus p(null|x), the entropy of p(z|x), the
-        reader's log-prob of the retriever's top candidate and of the best candidate in hindsight, and how the
+        """Google's retrieval_utility (model.py) (index 0 is the null document), plus p(null|x), the entropy of p(z|x),
+        the reader's log-prob of the retriever's top candidate and of the best candidate in hindsight, and how the
         answer-holding candidates fare: their share, their posterior minus prior, and the reader's advantage on them
         (`reader_log_prob` [N, K], default `token_log_prob`)."""
         batch_size, num_candidates = candidate_log_prob.shape

@@ -1,55 +1,12 @@
-"""Refresh the MIPS index during REALM pre-training: a transformers `TrainerCallback` (Google §4, paper §3.3).
+"""The index refresh of REALM pre-training: `IndexRefreshCallback`, a transformers `TrainerCallback` (Google's
+refresh_doc_embeds.py; paper section 3.3).
 
-`IndexRefreshCallback(examples, corpus_dir, index_root, refresh_every, mode)` keeps the pair (query embedder snapshot,
-index) of a `RealmPretrainingExamples` up to date with the training embedder:
-
-- `mode="async"` (default, as REALM): every `refresh_every` steps, or as soon as the previous build has ended when a
-  build takes longer than that, the trainer's embedder parameters are cloned on the step (a device copy: exactly that
-  step's values); a background thread makes the snapshot module from the clones (eval mode, no gradients), saves it to
-  `index_root/.snapshots/step-N/` and hands it to the builder, one long-lived process (trainers/pretraining/builder.py,
-  started at the first build, as Google's refresher is one long-running job) that embeds the corpus with it into `index_root/vNNNNNN/`. The trainer never waits: at each step boundary
-  (`on_step_begin`) the build is polled; once it has ended with status 0 the new index (memory-mapped) and the saved
-  snapshot are loaded on the background thread, and at the first step boundary after that they replace the old pair
-  together; when the build fails, its log tail is reported, the old index stays, and the next step end starts a new
-  build from a fresh snapshot (and a new builder process if the old one died). With `lag=L` a build is swapped in
-  exactly L steps after its snapshot instead (the trainer waits at that step boundary when the build has not ended; a
-  build ready earlier waits its turn): the builder still runs while the trainer trains, but which step sees which
-  index no longer depends on timing, so a seeded run is reproducible.
-- `mode="sync"`: every `refresh_every` steps the index is rebuilt (the trainer stalls for the whole build; with several
-  processes each embeds its share of the blocks) and swapped at once: no staleness beyond `refresh_every`, useful as
-  the reference for async.
-- `mode="off"`: the index built before training is kept (the stale-index ablation).
-
-Logged (merged into the Trainer's log entries by `on_log`, and returned by `metrics(step)`): `index_version`,
-`index_staleness_steps` (steps since the snapshot behind the index in use was taken), `index_staleness_seconds`,
-`refresh_stall_seconds` (time the trainer spent in the last swap: for sync the whole build; async pruning of old
-versions runs on the background thread), `refresh_build_start_seconds` (time the last async build start took on its
-training step: the parameter clone; the module copy, save and process start run on the background thread),
-`index_builds_started`, `index_builds_failed`. Each swap is also recorded in `self.swaps` (step, version, snapshot
-step, stall). The newest `keep` (3, as Google's refresher) versions are kept on disk, and the snapshots behind them,
-plus the version in use and those in `protected_versions` (the versions that kept training checkpoints resume with);
-the callback prunes after each swap (builds themselves prune nothing, so a protected version is never deleted by a
-builder).
-
-Checkpoints: `checkpoint_state()` is what a training checkpoint records (index version in use, its snapshot step and
-time, index_root, counters; JSON-safe) and `restore(state, query_embedder, index)` puts a run back on that pair.
-
-Several processes (DDP under `accelerate launch`): every rank has its own callback and examples, and every rank uses
-the same index version from the same step on. Rank 0 owns the async builder. At every step boundary the ranks all-reduce
-one small CPU vector (over gloo; a separate gloo group when training runs on NCCL, so no GPU sync): rank 0 announces a
-built version, each rank then loads it from disk on its background thread (the index memory-mapped: the ranks share its
-pages; the query embedder from the saved snapshot), and all ranks swap at the first boundary where every rank has it
-loaded. Only rank 0 writes (snapshots, versions, pruning). `versions_by_step` records (first step, version) on each
-rank. In sync mode every rank snapshots its (DDP-identical) embedder, the ranks agree on the version number, each embeds
-its share (index_builder shards over the processes), rank 0 writes the version and every rank swaps to it.
-
-Departures from Google's code (spec §4):
-- The refresh is triggered by the step count (`refresh_every`) rather than by the checkpoint-export cadence, and the
-  swap happens at a step boundary rather than at a data-shard boundary; the spec's recommended "refresh every N steps
-  plus an index version tag on each batch". The batches already collated (the DataLoader's prefetch) keep their old
-  candidates, as Google never invalidates in-flight examples; each batch carries its `index_version`.
-- The builder embeds on the training machine (GPU when there is one), not on 16 separate TPUs.
-- A failed build is retried from a fresh snapshot instead of the refresher crashing.
+It keeps the (query embedder snapshot, index) pair of a `RealmPretrainingExamples` up to date with the training
+embedder: async (a builder process embeds while training goes on; the new pair is swapped in at a step boundary),
+sync (training waits for each build) or off. Under several processes every rank swaps to the same version at the same
+step: the ranks all-reduce one small CPU vector at every step boundary (over gloo). It also records what a checkpoint
+needs to resume on the same pair (`checkpoint_state`, `restore`) and prunes old versions. How it works, what it logs
+and where it departs from Google's code: docs/pretraining.md ("How the index refresh works").
 """
 
 from __future__ import annotations
@@ -254,7 +211,7 @@ class IndexRefreshCallback(TrainerCallback):
         self._executor: ThreadPoolExecutor | None = None  # snapshot save + builder start, and index loading
         self._group = None  # the process group the swap decision is reduced over (gloo: CPU tensors, no device sync)
 
-    # -- state ---------------------------------------------------------------------------------------------------------
+    # -- state --------------------------------------------------------------------------------------------------------
 
     @property
     def index_version(self) -> int:
@@ -286,7 +243,7 @@ class IndexRefreshCallback(TrainerCallback):
     def _due(self, global_step: int) -> bool:
         return self.mode != "off" and global_step - self.last_build_step >= self.refresh_every
 
-    # -- Trainer events ------------------------------------------------------------------------------------------------
+    # -- Trainer events -----------------------------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):
         world = rank_and_world()[1]
@@ -325,7 +282,7 @@ class IndexRefreshCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self.close()
 
-    # -- sync ----------------------------------------------------------------------------------------------------------
+    # -- sync ---------------------------------------------------------------------------------------------------------
 
     def refresh_sync(self, embedder: torch.nn.Module, global_step: int) -> None:
         """Snapshot, build the next version, swap: the trainer waits for all of it. Under several processes every rank
@@ -376,7 +333,7 @@ class IndexRefreshCallback(TrainerCallback):
         torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=self._group_or_world())
         return int(value)
 
-    # -- async ---------------------------------------------------------------------------------------------------------
+    # -- async --------------------------------------------------------------------------------------------------------
 
     def start_build(self, embedder: torch.nn.Module, global_step: int) -> None:
         """Snapshot the embedder and start a builder process for the next version (does not wait).
@@ -585,7 +542,7 @@ class IndexRefreshCallback(TrainerCallback):
     def _group_or_world(self):
         return self._group if self._group is not None else torch.distributed.group.WORLD
 
-    # -- shared --------------------------------------------------------------------------------------------------------
+    # -- shared -------------------------------------------------------------------------------------------------------
 
     def _swap(self, snapshot, index, global_step: int, snapshot_step: int, snapshot_time: float, started: float):
         """Hand the consistent pair (snapshot, index) to the examples; record the stall and the staleness origin."""
@@ -626,7 +583,7 @@ class IndexRefreshCallback(TrainerCallback):
             shutil.rmtree(self.index_root / version_dir_name(version), ignore_errors=True)
         return deleted
 
-    # -- checkpoints ---------------------------------------------------------------------------------------------------
+    # -- checkpoints --------------------------------------------------------------------------------------------------
 
     def checkpoint_state(self) -> dict:
         """What a training checkpoint records to resume on the same (query embedder, index) pair (JSON-safe)."""

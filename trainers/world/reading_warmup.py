@@ -1,4 +1,5 @@
-"""Reading warm-up: the "BERT stage" of the synthetic world, so that REALM pre-training starts from an encoder that reads.
+"""Reading warm-up: the "BERT stage" of the synthetic world, so that REALM pre-training starts from an encoder that
+reads.
 
     warm_up_encoder(world="WORLD", corpus="CORPUS", output="READER", steps=1500)   # as `openrealm quickstart` does
 
@@ -29,7 +30,8 @@ from openrealm.trainers.stage_utils import eval_mode
 NAME_WORDS = ("river", "mount", "company", "works", "guild", "foundry", "press", "society", "trading", "house", "bank")
 # Pairs held out to measure accuracy: 300, or three quarters of a smaller world's. Training on few pairs is deliberate:
 # from 114 training pairs (seed 0 default world) the encoder copied 40% at step 1,000, from 332 it copied 1%; with
-# names renamed in every example, few pairs cost no generality (benchmarks/RESULTS.md, issue 14).
+# names renamed in every example, few pairs cost no generality (benchmarks/RESULTS.md, "A reader that can read, and
+# what REALM's gradient then does to the retriever").
 HELD_OUT_PAIRS = 300
 
 

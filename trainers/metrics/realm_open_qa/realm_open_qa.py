@@ -53,3 +53,6 @@ class RealmOpenQa(evaluate.Metric):
         match = regex_match if regex else exact_match
         correct = [match(prediction, answers) for prediction, answers in zip(predictions, references)]
         return {"exact_match": 100.0 * sum(correct) / max(len(correct), 1)}
+
+
+__all__ = ["RealmOpenQa"]
