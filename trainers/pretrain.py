@@ -45,6 +45,7 @@ from openrealm.trainers.pretraining import (
     RealmPretrainingExamples,
     RealmPretrainingModel,
 )
+from openrealm.trainers.pretraining.builder import snapshot_embedder
 from openrealm.trainers.pretraining.evaluation import held_out_query_blocks
 from openrealm.trainers.pretraining.examples import COUNTERS
 from openrealm.trainers.pretraining.inputs import (
@@ -61,7 +62,7 @@ from openrealm.trainers.pretraining.inputs import (
     shard_device,
     training_queries,
 )
-from openrealm.trainers.pretraining.refresh import IndexRefreshCallback, check_refresh_settings, snapshot_embedder
+from openrealm.trainers.pretraining.refresh import IndexRefreshCallback, check_refresh_settings
 from openrealm.trainers.pretraining.trainer import (
     CHECKPOINT_FILES,
     PRIOR_SAMPLE_QUERIES,

@@ -11,16 +11,12 @@ and where it departs from Google's code: docs/pretraining.md ("How the index ref
 
 from __future__ import annotations
 
-import copy
-import itertools
 import logging
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,8 +37,11 @@ from openrealm.trainers.pretraining.builder import (
     BuilderCommand,
     BuilderProcess,
     ServedBuild,
+    clone_tensors,
     default_builder_device,
+    load_snapshot,
     log_tail,
+    snapshot_embedder,
 )
 from openrealm.trainers.stage_utils import rank_and_world, unwrap_model
 
@@ -50,83 +49,6 @@ logger = logging.getLogger(__name__)
 
 KEEP_VERSIONS = 3  # Google's refresher keeps the newest 3 encoded exports
 LAG_POLL_SECONDS = 0.02  # how often a run waiting for a lagged build looks again
-
-
-def clone_tensors(module: torch.nn.Module, into: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
-    """id(parameter or buffer) -> a detached copy on its device (a tensor shared by two names is copied once).
-
-    On a GPU the copies are queued on the current stream, before the next optimiser step: they hold this step's values
-    without a host sync; `snapshot_embedder(..., clones=...)` builds the module around them, on any thread.
-    into: what a previous call returned for the same module, no longer in use: its tensors are overwritten in place
-    (on CPU, fresh memory for a large model costs page faults on the training step: BERT-base's 0.5 GB took 0.35-2.8 s
-    on a loaded 2-core machine)."""
-    clones: dict[int, torch.Tensor] = {}
-    with _one_intra_op_thread():
-        for tensor in itertools.chain(module.parameters(), module.buffers()):
-            key = id(tensor)
-            if key in clones:
-                continue
-            target = (into or {}).get(key)
-            if target is not None and target.shape == tensor.shape and target.dtype == tensor.dtype:
-                with torch.no_grad():
-                    clones[key] = target.copy_(tensor.detach())
-                continue
-            copy_ = tensor.detach().clone()
-            is_parameter = isinstance(tensor, torch.nn.Parameter)
-            clones[key] = torch.nn.Parameter(copy_, requires_grad=False) if is_parameter else copy_
-    return clones
-
-
-@contextmanager
-def _one_intra_op_thread() -> Iterator[None]:
-    """CPU copies with one intra-op thread. They are memory-bound, so more threads gain little; and with more runnable
-    threads than cores each copy waits at an OpenMP barrier for a descheduled thread (a 6 MB clone: 36 ms with 2
-    threads, 1 ms with 1, on a loaded 2-core machine). GPU copies do not use these threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def snapshot_embedder(
-    embedder: torch.nn.Module, device: str | torch.device | None = None, clones: dict[int, torch.Tensor] | None = None
-) -> torch.nn.Module:
-    """A frozen copy of the embedder (eval mode, no gradients) on device (default: where the embedder is).
-
-    clones: `clone_tensors(embedder)` taken earlier; the copy then holds those values (deepcopy's memo maps each
-    original tensor to its clone, so the embedder's tensors, which may be changing meanwhile, are never read)."""
-    snapshot = copy.deepcopy(embedder, dict(clones or {}))
-    if device is not None:
-        snapshot.to(device)
-    snapshot.eval()
-    snapshot.requires_grad_(False)
-    return snapshot
-
-
-def load_snapshot(
-    template: torch.nn.Module, folder: str | os.PathLike, device: str | torch.device | None = None
-) -> torch.nn.Module:
-    """A frozen embedder with template's structure (deep-copied; its tensors are not read) and the weights saved in
-    folder/*.safetensors, on device. Used on the refresh's background thread instead of `from_pretrained`, which
-    changes process-wide torch state while it builds a model (default dtype, patched creation ops)."""
-    from safetensors.torch import load_file
-
-    saved: dict[str, torch.Tensor] = {}
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        saved.update(load_file(path))
-    state = template.state_dict(keep_vars=True)
-    clones: dict[int, torch.Tensor] = {}
-    for name, tensor in state.items():
-        if name in saved and id(tensor) not in clones:  # tied tensors are saved under one of their names
-            value = saved[name].to(tensor.dtype)
-            is_parameter = isinstance(tensor, torch.nn.Parameter)
-            clones[id(tensor)] = torch.nn.Parameter(value, requires_grad=False) if is_parameter else value
-    missing = [name for name, tensor in state.items() if id(tensor) not in clones]
-    if missing:
-        raise ValueError(f"the snapshot in {folder} lacks {missing[:4]}: not saved from this embedder architecture")
-    return snapshot_embedder(template, device, clones)
 
 
 def check_refresh_settings(mode: str, refresh_every: int, lag: int | None = None) -> None:
@@ -630,8 +552,5 @@ class IndexRefreshCallback(TrainerCallback):
 __all__ = [
     "IndexRefreshCallback",
     "MODES",
-    "clone_tensors",
-    "default_builder_device",
-    "load_snapshot",
-    "snapshot_embedder",
+    "check_refresh_settings",
 ]

@@ -15,7 +15,9 @@ knowing a question's topic is not enough (docs/quickstart.md, "A world where the
     annotate = world.span_annotator()           # sentence -> [(start, end, label)], picklable
 
 Generation uses only the standard library (random, string, re), so worlds are identical across platforms and hash
-seeds; writing uses openrealm's atomic-folder helper.
+seeds; writing uses openrealm's atomic-folder helper. The module is long because it holds the world's whole grammar
+(relations, sentence and question wordings, name syllables) beside the generator that reads it: one place to read
+what the world can say.
 """
 
 from __future__ import annotations
