@@ -256,7 +256,7 @@ def test_write_is_atomic(world, tmp_path, monkeypatch):
     def fail(path, rows):
         raise OSError("disk full")
 
-    monkeypatch.setattr(synthetic_world, "_write_jsonl", fail)
+    monkeypatch.setattr(synthetic_world, "write_jsonl", fail)
     with pytest.raises(OSError, match="disk full"):
         generate_world(seed=9).write(destination, overwrite=True)
     with pytest.raises(OSError, match="disk full"):

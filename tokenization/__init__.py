@@ -1,4 +1,4 @@
-"""Text to ids: the REALM tokenizer (and, with the corpus issue, knowledge-corpus blocks and salient spans)."""
+"""Text to ids: the REALM tokenizer, knowledge-corpus blocks and their input formats, JSONL, salient spans, masking."""
 
 from .tokenization_realm import RealmTokenizer, RealmTokenizerFast
 

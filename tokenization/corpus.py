@@ -1,4 +1,5 @@
-"""The knowledge corpus: articles -> blocks of at most 288 wordpieces (Google's ORQA preprocessing, spec §1.1).
+"""The knowledge corpus: articles -> blocks of at most 288 wordpieces (Google's ORQA preprocessing,
+wiki_preprocessor.py).
 
     build_corpus("wiki.jsonl", "corpus/", "bert-base-uncased", num_proc=8)     # or: openrealm corpus build ...
     blocks = load_corpus("corpus/")                                            # datasets.Dataset, memory-mapped
@@ -48,6 +49,7 @@ import torch
 
 from openrealm.block_records import BlockRecords
 from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
+from openrealm.tokenization.jsonl import JsonlError, iter_jsonl, jsonl_id, jsonl_string
 from openrealm.tokenization.sources import (
     PASSAGE_ID,
     InputOptions,
@@ -129,9 +131,9 @@ def document_uid(title: str, text: str) -> str:
 def duplicate_rows(uids) -> np.ndarray:
     """Rows [D] (ascending int64) whose uid equals an earlier row's: the duplicate blocks.
 
-    A duplicate block has the same title and the same text as an earlier block (its document uid, SHA-1 of
-    `title <sep> text`): the key Google's example generator compares, dropping every pre-training example whose K
-    candidates hold two blocks of one uid (spec §3.4). uids: strings, a pyarrow Array or a ChunkedArray (a corpus's
+    A duplicate block has the same title and the same text as an earlier block (its document uid, SHA-1 of `title <sep>
+    text`): the key Google's example generator compares, dropping every pre-training example whose K candidates hold
+    two blocks of one uid (Google's example_generator.py). uids: strings, a pyarrow Array or a ChunkedArray (a corpus's
     `blocks.with_format("arrow")["uid"]`: counted in Arrow, no Python string per row).
 
     Memory: hex SHA-1 uids (document_uid's) are compared by their first 64 bits first (8 bytes a row, sorted in place
@@ -533,86 +535,8 @@ def _append_block(columns: dict[str, list], article_id: int, title: str, title_i
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# JSONL input: one reader for every JSONL file openrealm reads (articles, QA rows, gold passages)
+# JSONL input (tokenization/jsonl.py reads it)
 # ---------------------------------------------------------------------------------------------------------------------
-
-_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string"}
-
-
-def json_type(value) -> str:
-    """The JSON name of a parsed value's type, for messages: null, a boolean, a number, a string, an array, an object."""
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return _JSON_TYPES.get(type(value), type(value).__name__)
-
-
-# A JSON escape of half a surrogate pair ("\\ud800" to "\\udfff"); a whole pair decodes to one character.
-LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-class JsonlError(ValueError):
-    """A bad line of a JSONL file: the message is `PATH, line N: PROBLEM` (N 1-based, as editors count)."""
-
-    def __init__(self, path, line: int, problem: str):
-        self.path, self.line, self.problem = os.fspath(path), line, problem
-        super().__init__(f"{self.path}, line {line}: {problem}")
-
-    def __reduce__(self):  # pickles (e.g. out of a datasets worker) with its three arguments
-        return type(self), (self.path, self.line, self.problem)
-
-
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of each line of a JSONL file; numbers are 1-based and blank lines are skipped.
-
-    Raises JsonlError naming the file and the line for a line that is not UTF-8, not valid JSON (with the parser's
-    message) or not a JSON object; FileNotFoundError / IsADirectoryError when the path is no file."""
-    with open(path, "rb") as file:
-        for number, line in iter_lines(file, path):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise JsonlError(path, number, f"invalid JSON: {error.msg} (column {error.colno})") from None
-            if not isinstance(row, dict):
-                raise JsonlError(path, number, f"expected a JSON object, got {json_type(row)}")
-            if LONE_SURROGATE_ESCAPE.search(line):  # "\udcff" alone decodes to a str that is not text
-                try:
-                    json.dumps(row, ensure_ascii=False).encode("utf-8")
-                except UnicodeEncodeError as error:
-                    problem = (
-                        f"\\u{ord(error.object[error.start]):04x} escapes half of a UTF-16 surrogate pair, not text"
-                    )
-                    raise JsonlError(path, number, problem) from None
-            yield number, row
-
-
-def iter_lines(lines: Iterable[bytes | str], path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each line of a file (bytes, read as UTF-8; a byte-order mark opening the first line is
-    dropped) or of a text stream; numbers are 1-based. A line that is not UTF-8 text (for a text stream: one holding
-    undecodable bytes as surrogates) is a JsonlError naming `path` and the line."""
-    for number, raw in enumerate(lines, start=1):
-        try:
-            if isinstance(raw, bytes):
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            else:
-                raw.encode("utf-8")
-                line = raw
-        except UnicodeError as error:
-            raise JsonlError(path, number, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
-        yield number, line
-
-
-def jsonl_string(row: Mapping, field: str, path, line: int) -> str:
-    """row[field] of a line of `path`, which must be present and a string (JsonlError otherwise)."""
-    if field not in row:
-        raise JsonlError(path, line, f"missing field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
-    value = row[field]
-    if not isinstance(value, str):
-        raise JsonlError(path, line, f"field {field!r} must be a string, got {json_type(value)}")
-    return value
 
 
 def _article_rows(
@@ -631,20 +555,8 @@ def _article_rows(
                 "text": jsonl_string(row, text_column, path, number),
             }
             if id_column is not None:
-                article[PASSAGE_ID] = _jsonl_id(row, id_column, id_required, path, number)
+                article[PASSAGE_ID] = jsonl_id(row, id_column, id_required, path, number)
             yield article
-
-
-def _jsonl_id(row: Mapping, field: str, required: bool, path, line: int) -> str | None:
-    """row[field] as a string (a JSON string or integer); None when absent and not required (JsonlError otherwise)."""
-    if field not in row and not required:
-        return None
-    if field not in row:
-        raise JsonlError(path, line, f"missing field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
-    value = row[field]
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise JsonlError(path, line, f"field {field!r} must be a string or an integer, got {json_type(value)}")
-    return str(value)
 
 
 def resolve_tokenizer(tokenizer) -> tuple[Any, str]:
@@ -1059,7 +971,8 @@ def load_corpus(directory: str | os.PathLike):
         raise ValueError(f"{blocks_dir} lacks the column(s) {', '.join(missing)}")
     if len(blocks) != config["num_blocks"]:
         raise ValueError(
-            f"{blocks_dir} holds {len(blocks)} blocks but {os.path.join(directory, CONFIG_NAME)} says {config['num_blocks']}"
+            f"{blocks_dir} holds {len(blocks)} blocks but {os.path.join(directory, CONFIG_NAME)} says "
+            f"{config['num_blocks']}"
         )
     records_path = os.path.join(directory, BLOCK_RECORDS_NAME)
     records = BlockRecords.open(records_path)
@@ -1121,7 +1034,7 @@ def check_token_ids(blocks, blocks_dir: str, tokenizer_file: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Retriever inputs (Google §1.3)
+# Retriever inputs (Google's featurization.py)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -1131,7 +1044,8 @@ def block_retriever_inputs(
     """`[CLS] title [SEP] body [SEP]` of one block (Google's pad_or_truncate_pair, without the padding).
 
     The title is truncated first, to at most max_length - 3; the body gets what remains. Segment ids are 0 for
-    `[CLS] title [SEP]` and 1 for `body [SEP]`. Returns lists input_ids, token_type_ids, attention_mask [<= max_length].
+    `[CLS] title [SEP]` and 1 for `body [SEP]`. Returns lists input_ids, token_type_ids, attention_mask
+    [<= max_length].
     """
     if max_length < 3:
         raise ValueError(f"max_length must be at least 3 for [CLS] [SEP] [SEP], got {max_length}")
@@ -1235,9 +1149,9 @@ def duplicates_warning(num_duplicates: int, num_blocks: int) -> str | None:
         return None
     return (
         f"{num_duplicates} of {num_blocks} blocks duplicate an earlier block (the same title and text); REALM "
-        "pre-training drops every example whose retrieved blocks include two copies of one, and copies take the places "
-        "of other blocks among the retrieved ones. Rebuild it with `openrealm corpus build` (without --no-deduplicate) "
-        "to drop them."
+        "pre-training drops every example whose retrieved blocks include two copies of one, and copies take the "
+        "places of other blocks among the retrieved ones. Rebuild it with `openrealm corpus build` (without "
+        "--no-deduplicate) to drop them."
     )
 
 
@@ -1247,7 +1161,6 @@ __all__ = [
     "CONFIG_NAME",
     "CORPUS_FORMAT",
     "CORPUS_FORMAT_VERSION",
-    "JsonlError",
     "annotator_names",
     "batch_retriever_inputs",
     "block_features",
@@ -1258,9 +1171,6 @@ __all__ = [
     "drop_duplicate_blocks",
     "duplicate_rows",
     "is_removed_page",
-    "iter_jsonl",
-    "json_type",
-    "jsonl_string",
     "load_articles",
     "load_corpus",
     "pack_articles",

@@ -179,7 +179,7 @@ def run_convert(args: argparse.Namespace) -> int:
 def run_ask(args: argparse.Namespace) -> int:
     from transformers import pipeline
 
-    from openrealm.tokenization.corpus import iter_lines
+    from openrealm.tokenization.jsonl import iter_lines
 
     stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes where it can: a line that is not UTF-8 is named
     questions = args.question or [line.strip() for _, line in iter_lines(stdin, "stdin") if line.strip()]

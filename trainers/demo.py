@@ -40,7 +40,7 @@ def resolve_model(model: str) -> tuple[str, list[str]]:
         return model, []
     examples = []
     questions = root / "world" / "questions_test.jsonl"
-    if questions.is_file():
+    if questions.is_file():  # read here: this file runs in a Space without openrealm (no tokenization.jsonl)
         with open(questions, encoding="utf-8") as file:
             for line in file:
                 if line.strip() and len(examples) < NUM_EXAMPLES:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from openrealm.file_utils import check_apart, write_text_atomic
-from openrealm.tokenization.corpus import iter_jsonl, json_type
+from openrealm.tokenization.jsonl import iter_jsonl, json_type
 from openrealm.tokenization.sources import is_hub_name, load_hub_dataset
 from openrealm.trainers.options import DEFAULT_RECALL_KS
 from openrealm.trainers.stage_utils import eval_mode

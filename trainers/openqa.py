@@ -26,7 +26,7 @@ from transformers import AutoTokenizer, Trainer, TrainerCallback, TrainingArgume
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
 from openrealm.file_utils import atomic_directory
 from openrealm.modeling_realm import kept_beside_model
-from openrealm.tokenization.corpus import JsonlError, iter_jsonl, json_type
+from openrealm.tokenization.jsonl import JsonlError, iter_jsonl, json_type
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
 from openrealm.trainers.options import (

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from openrealm.file_utils import check_replaceable
+from openrealm.tokenization.jsonl import read_jsonl
 from openrealm.trainers import cli, options
 from openrealm.trainers.quickstart_report import ABLATIONS, plot_comparison, plot_pretraining, write_report
 
@@ -362,7 +363,7 @@ class Stages:
 
         import openrealm  # noqa: F401 - registers the pipeline
 
-        questions = [json.loads(line) for line in open(self.path("world") / "questions_test.jsonl", encoding="utf-8")]
+        questions = read_jsonl(self.path("world") / "questions_test.jsonl")
         questions = questions[:num_questions]
         qa = pipeline("question-answering", model=str(folder))
         answers = qa([q["question"] for q in questions], top_k=1)

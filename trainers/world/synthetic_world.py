@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from openrealm.file_utils import atomic_directory, check_apart
+from openrealm.tokenization.jsonl import read_jsonl, write_jsonl
 
 FORMAT = "openrealm.synthetic_world"
 FORMAT_VERSION = 1
@@ -292,11 +293,11 @@ class World:
         world_config.json. Same world, same bytes.
         """
         with atomic_directory(output_dir, overwrite) as staging:
-            _write_jsonl(os.path.join(staging, "articles.jsonl"), self.articles)
+            write_jsonl(os.path.join(staging, "articles.jsonl"), self.articles)
             for split in SPLITS:
-                _write_jsonl(os.path.join(staging, f"questions_{split}.jsonl"), self.questions_for(split))
-            _write_jsonl(os.path.join(staging, "facts.jsonl"), self.facts)
-            _write_jsonl(os.path.join(staging, "entities.jsonl"), self.entities)
+                write_jsonl(os.path.join(staging, f"questions_{split}.jsonl"), self.questions_for(split))
+            write_jsonl(os.path.join(staging, "facts.jsonl"), self.facts)
+            write_jsonl(os.path.join(staging, "entities.jsonl"), self.entities)
             with open(os.path.join(staging, "world_config.json"), "w", encoding="utf-8") as handle:
                 handle.write(json.dumps(self.config, indent=2) + "\n")
         return os.path.abspath(os.fspath(output_dir))
@@ -311,12 +312,12 @@ class World:
             config = json.load(handle)
         if config.get("format") != FORMAT or config.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{config_path}: expected format {FORMAT!r} version {FORMAT_VERSION}.")
-        questions = [row for split in SPLITS for row in _read_jsonl(os.path.join(path, f"questions_{split}.jsonl"))]
+        questions = [row for split in SPLITS for row in _world_rows(os.path.join(path, f"questions_{split}.jsonl"))]
         return cls(
             config=config,
-            entities=_read_jsonl(os.path.join(path, "entities.jsonl")),
-            facts=_read_jsonl(os.path.join(path, "facts.jsonl")),
-            articles=_read_jsonl(os.path.join(path, "articles.jsonl")),
+            entities=_world_rows(os.path.join(path, "entities.jsonl")),
+            facts=_world_rows(os.path.join(path, "facts.jsonl")),
+            articles=_world_rows(os.path.join(path, "articles.jsonl")),
             questions=questions,
         )
 
@@ -702,25 +703,6 @@ def _make_questions(rng: random.Random, facts: list[dict], splits: dict[str, str
     return sorted(questions, key=lambda question: SPLITS.index(question["split"]))  # stable within a split
 
 
-def _write_jsonl(path: str, rows: list[dict]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: not found; the world folder is incomplete.")
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
     if args.tokenizer_output:  # before anything is written: the vocabulary must not replace or land in the world
         check_apart(args.tokenizer_output, [("--output", args.output)], "--tokenizer-output", existing_only=False)
@@ -749,6 +731,13 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"{args.tokenizer_output}: WordPiece vocabulary of {len(tokenizer)} tokens")
     return 0
+
+
+def _world_rows(path: str) -> list[dict]:
+    """The rows of one JSONL file of a world folder (tokenization/jsonl.py names a bad line)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: not found; the world folder is incomplete.")
+    return read_jsonl(path)
 
 
 __all__ = ["World", "WorldSpanAnnotator", "generate_world", "run"]
