@@ -204,7 +204,7 @@ def zero_shot(args: argparse.Namespace) -> int:
     on the NQ and SQuAD question files; with --bm25, BM25's recall on the same questions as well."""
     from openrealm.trainers.bm25 import Bm25BlockSearcher
     from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
-    from openrealm.trainers.openqa import openqa_model_from_pretraining
+    from openrealm.trainers.finetuning import openqa_model_from_pretraining
     from openrealm.trainers.towers import load_embedder
 
     embedder = load_embedder(args.zero_shot).to(args.device).eval()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from openrealm.file_utils import write_text_atomic
+
 KINDS = {
     "embedder": (
         "RealmEmbedder",
@@ -341,11 +343,17 @@ def _demo_section(model_name: str) -> list[str]:
     ]
 
 
+def write_model_card(folder: str | os.PathLike, card) -> Path:
+    """Write FOLDER/README.md atomically (temporary file beside it, then rename)."""
+    return Path(write_text_atomic(Path(folder) / "README.md", str(card)))
+
+
 __all__ = [
-    "KINDS",
-    "REALM_BIBTEX",
     "evaluation_results",
     "final_metrics",
+    "KINDS",
     "open_qa_model_card",
+    "REALM_BIBTEX",
     "realm_model_card",
+    "write_model_card",
 ]

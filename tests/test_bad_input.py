@@ -17,7 +17,7 @@ from openrealm.tokenization import corpus
 from openrealm.tokenization.corpus import JsonlError, build_corpus, iter_jsonl, load_corpus
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
-from openrealm.trainers.openqa import read_gold_passages
+from openrealm.trainers.finetuning import read_gold_passages
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "the", "nile", "paris", "london", "is", "a", "city"]
 ARTICLE = {"title": "nile", "text": "The nile is a city."}

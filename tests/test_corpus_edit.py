@@ -21,7 +21,7 @@ from openrealm import RealmBlockIndex, RealmForOpenQA, RealmRetriever
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
 from openrealm.trainers.cli import main
 from openrealm.trainers.corpus_edit import edit_corpus
-from openrealm.trainers.index_builder import build_index
+from openrealm.trainers.indexing import build_index
 
 FACT = {"title": "zorblax", "text": "zorblax is a fictional moon of saturn , found in 2031 by the kepler team ."}
 

@@ -17,10 +17,10 @@ from transformers import BertConfig, BertModel
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever, RealmScorer
 from openrealm.tokenization.corpus import block_retriever_inputs, build_corpus, load_corpus
-from openrealm.trainers import index_builder
+from openrealm.trainers import indexing, stage_utils
 from openrealm.trainers.cli import main as openrealm_main
 from openrealm.trainers.embedding import embed_corpus, shard_range
-from openrealm.trainers.index_builder import build_index, latest_index_dir, list_versions, load_index
+from openrealm.trainers.indexing import build_index, latest_index_dir, list_versions, load_index
 from openrealm.trainers.stage_utils import leave_process_group
 from openrealm.trainers.towers import load_embedder
 
@@ -269,7 +269,7 @@ def test_bad_index_parameters_are_refused_before_any_block_is_embedded(corpus, t
     def embed_corpus(*args, **kwargs):
         raise AssertionError("embedded the corpus before checking the index parameters")
 
-    monkeypatch.setattr(index_builder, "embed_corpus", embed_corpus)
+    monkeypatch.setattr(indexing, "embed_corpus", embed_corpus)
     with pytest.raises(ValueError, match=problem):
         build_index(tiny_embedder(), corpus, tmp_path / "index", index_type=index_type, index_params=params,
                     progress=False)  # fmt: skip
@@ -322,7 +322,7 @@ def test_leaving_the_process_group_releases_the_gil_between_the_last_barrier_and
     """gloo's workers free the barrier's work after it returns, which needs the GIL; the group's teardown joins them
     while holding it. So ranks sleep (GIL released) in between; a single process has no workers to wait for."""
     calls = []
-    monkeypatch.setattr(index_builder.time, "sleep", lambda seconds: calls.append("sleep"))
+    monkeypatch.setattr(stage_utils.time, "sleep", lambda seconds: calls.append("sleep"))
     leave_process_group(RecordingState(num_processes, calls))
     assert calls == expected
 
@@ -373,7 +373,7 @@ def test_a_builder_whose_trainer_was_killed_exits_without_writing_a_version(corp
 def test_a_builder_exits_within_a_second_of_its_trainer_dying_mid_build(tmp_path):
     child = (
         "import sys, time\n"
-        "from openrealm.trainers.index_builder import exit_with_parent\n"
+        "from openrealm.trainers.indexing import exit_with_parent\n"
         "exit_with_parent(int(sys.argv[1]))\n"
         "print('watching', flush=True)\n"
         "time.sleep(60)\n"

@@ -10,13 +10,9 @@ import torch
 from conftest import BLOCK_TEXTS, fixture_tokenizer, make_openqa_model
 
 from openrealm.hub_cards import model_card
-from openrealm.trainers.openqa import (
-    DEV_RESULTS_NAME,
-    SUMMARY_NAME,
-    finetune_openqa,
-    openqa_model_from_pretraining,
-    save_finetuned,
-)
+from openrealm.trainers.finetuning import finetune_openqa, openqa_model_from_pretraining, save_finetuned
+from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME as DEV_RESULTS_NAME
+from openrealm.trainers.options import OPENQA_SUMMARY_NAME as SUMMARY_NAME
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +371,7 @@ def test_train_openqa_command_writes_a_folder_that_answers_through_the_pipeline(
 def training_loss(model, rows, tokenizer) -> float:
     """The mean loss over rows, dropout off, with every block scored and read (so that no row's reader loss is
     zeroed because retrieval missed its answer)."""
-    from openrealm.trainers.openqa import OpenQACollator
+    from openrealm.trainers.finetuning import OpenQACollator
 
     model.eval()
     with torch.no_grad():
@@ -420,7 +416,7 @@ def test_fine_tuning_on_the_synthetic_world_lowers_the_loss_and_raises_held_out_
 
 
 def test_collator_turns_string_answers_into_wordpieces_and_regex_rows_into_patterns(tokenizer):
-    from openrealm.trainers.openqa import OpenQACollator
+    from openrealm.trainers.finetuning import OpenQACollator
 
     rows = [
         {"question": "where does the nile flow ?", "answers": ["egypt", "the nile"], "match": "string"},
@@ -434,7 +430,7 @@ def test_collator_turns_string_answers_into_wordpieces_and_regex_rows_into_patte
 
 
 def test_collator_resolves_gold_passage_ids_to_block_ids_or_passage_texts(tokenizer):
-    from openrealm.trainers.openqa import OpenQACollator
+    from openrealm.trainers.finetuning import OpenQACollator
 
     collator = OpenQACollator(
         tokenizer, passage_supervision=True, gold_passages={"nq-7": "paris is in france"}, num_blocks=6
@@ -454,7 +450,7 @@ def test_collator_resolves_gold_passage_ids_to_block_ids_or_passage_texts(tokeni
 
 
 def test_passage_supervision_and_regex_rows_train_together(tokenizer):
-    from openrealm.trainers.openqa import OpenQACollator
+    from openrealm.trainers.finetuning import OpenQACollator
 
     model = make_openqa_model(seed=3)
     rows = [
@@ -488,7 +484,7 @@ def test_towers_of_different_architectures_are_refused(world_run):
 
 
 def test_starting_from_towers_without_a_corpus_says_to_pass_one(world_run):
-    from openrealm.trainers.openqa import load_openqa_model
+    from openrealm.trainers.finetuning import load_openqa_model
 
     with pytest.raises(ValueError, match="pass --corpus DIR"):
         load_openqa_model(world_run["pretrained"])

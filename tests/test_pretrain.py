@@ -21,7 +21,7 @@ from openrealm import RealmBlockIndex, RealmConfig, RealmEmbedder, RealmKnowledg
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.trainers import cli, dropped, pretrain, towers
-from openrealm.trainers.index_builder import build_index, list_versions
+from openrealm.trainers.indexing import build_index, list_versions
 from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretraining import RealmPretrainingExamples
 from openrealm.trainers.pretraining.builder import build_request, default_builder_device, read_build_status

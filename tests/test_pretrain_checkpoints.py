@@ -20,7 +20,7 @@ from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
 from openrealm.hub_cards.model_card import realm_model_card
 from openrealm.trainers import checkpoints
 from openrealm.trainers.cli import main as openrealm_main
-from openrealm.trainers.index_builder import list_versions
+from openrealm.trainers.indexing import list_versions
 from openrealm.trainers.pretraining import trainer
 
 TINY, setup_refresh = test_pretrain.TINY, test_pretrain.setup_refresh

@@ -14,7 +14,7 @@ import test_pretrain
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
 from openrealm.tokenization.corpus import load_corpus
-from openrealm.trainers.index_builder import list_versions
+from openrealm.trainers.indexing import list_versions
 
 TINY = test_pretrain.TINY
 corpus = test_pretrain.corpus  # the module-scoped synthetic-world corpus fixture

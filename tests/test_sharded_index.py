@@ -11,7 +11,7 @@ from test_index_builder import tiny_embedder, write_corpus
 
 from openrealm import RealmBlockIndex, ShardedBlockIndex
 from openrealm.index_realm import save_block_emb_shard, write_sharded_index
-from openrealm.trainers.index_builder import build_index
+from openrealm.trainers.indexing import build_index
 
 NUM_BLOCKS, DIM, K = 1001, 16, 7
 QUERIES_PER_RANK = (5, 3)  # ranks may ask different numbers of questions

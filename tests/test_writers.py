@@ -21,9 +21,9 @@ import openrealm
 from openrealm import RealmRetriever, file_utils
 from openrealm.file_utils import atomic_directory, write_text_atomic
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
-from openrealm.trainers import corpus_edit, index_builder
+from openrealm.trainers import corpus_edit, indexing
 from openrealm.trainers.cli import main
-from openrealm.trainers.index_builder import build_index
+from openrealm.trainers.indexing import build_index
 
 OTHER = {"title": "quorblat", "text": "quorblat is another fictional moon , seen first in 2040 ."}
 WAIT_SECONDS = 120  # a safety net against a hang: every wait below ends on an event long before
@@ -145,7 +145,7 @@ def test_an_add_racing_an_index_build_into_the_corpus_keeps_records_and_index_to
     argv = ["index", "build", "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output",
             str(corpus / "block_index"), "--layout", "plain", "--quiet"]  # fmt: skip
     add = edit(corpus, add=write_jsonl(tmp_path / "new.jsonl", [FACT]))
-    results = race(monkeypatch, waiting, lambda: main(argv), add, held=index_builder)
+    results = race(monkeypatch, waiting, lambda: main(argv), add, held=indexing)
     assert results["first"] == 0 and results["second"]["added_block_ids"] == [len(TEXTS), len(TEXTS) + 1]
     retriever = RealmRetriever.from_pretrained(corpus)  # records and index of one version
     assert retriever.index.num_blocks == len(load_corpus(corpus)) == len(TEXTS) + 1
@@ -156,10 +156,10 @@ def test_two_index_builds_into_one_root_at_once_write_one_version_each(corpus, t
     tiny_embedder(seed=1).save_pretrained(tmp_path / "embedder")
     argv = ["index", "build", "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output",
             str(tmp_path / "index"), "--quiet"]  # fmt: skip
-    results = race(monkeypatch, waiting, lambda: main(argv), lambda: main(argv), held=index_builder)
+    results = race(monkeypatch, waiting, lambda: main(argv), lambda: main(argv), held=indexing)
     assert results == {"first": 0, "second": 0}
     assert waiting.is_set()  # the second chose its version once the first had written its own
-    assert index_builder.list_versions(tmp_path / "index") == [0, 1]
+    assert indexing.list_versions(tmp_path / "index") == [0, 1]
 
 
 @pytest.mark.parametrize("command", ["add", "remove"])
@@ -357,7 +357,7 @@ def test_a_versioned_index_may_read_an_embedder_kept_beside_its_versions(paths, 
     argv = ["index", "build", "--embedder", str(root / ".snapshots" / "step-2"), "--corpus", str(paths["corpus"]),
             "--output", str(root), "--quiet"]  # fmt: skip
     assert main(argv) == 0
-    assert index_builder.list_versions(root) == [0]
+    assert indexing.list_versions(root) == [0]
     # an embedder inside a version folder is one that pruning (--keep) would delete: refused
     shutil.copytree(paths["embedder"], root / "v000000" / "embedder")
     argv[3] = str(root / "v000000" / "embedder")

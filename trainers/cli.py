@@ -31,7 +31,7 @@ JOBS = {
         "quickstart",
     ),
     ("world", None): (
-        "openrealm.trainers.world.synthetic_world",
+        "openrealm.trainers.world.generate",
         "generate the synthetic world of fictional entities",
         "world",
     ),
@@ -78,7 +78,7 @@ JOBS = {
         "index_build",
     ),
     ("evaluate", None): (
-        "openrealm.trainers.evaluation",
+        "openrealm.trainers.evaluate",
         "evaluate an open-QA model: exact match, recall@k, reader-oracle (results JSON)",
         "evaluate",
     ),
@@ -106,9 +106,21 @@ def selected_job(argv: list[str]) -> tuple[str, str | None] | None:
     return None
 
 
-def run_job(module_name: str, args: argparse.Namespace) -> int:
-    """Import the job's module (torch, transformers, datasets: seconds) only now that the arguments parsed."""
-    return importlib.import_module(module_name).run(args)
+def run_job(module_name: str, args: argparse.Namespace, **kwargs) -> int:
+    """Import the job's module (torch, transformers, datasets: seconds) only now that the arguments parsed; kwargs go
+    to its run(args, ...)."""
+    return importlib.import_module(module_name).run(args, **kwargs)
+
+
+def run_in_process(words: list[str], argv: list[str], **kwargs) -> int:
+    """Run the job `openrealm WORDS ARGV` (e.g. words ["train", "ict"]) in this process, its options parsed as the
+    command line parses them, without the command line's error handling (an error raises); kwargs go to its
+    run(args, ...) (the pre-training job takes extra callbacks). How one stage runs another: the quickstart, the
+    pre-flight check's oracle run."""
+    module_name, _, options_name = JOBS[(words[0], words[1] if len(words) > 1 else None)]
+    parser = argparse.ArgumentParser(prog=" ".join(["openrealm", *words]))
+    getattr(importlib.import_module("openrealm.trainers.options"), options_name)(parser)
+    return run_job(module_name, parser.parse_args(argv), **kwargs)
 
 
 def add_jobs(commands, selected: tuple[str, str | None] | None) -> None:
@@ -323,6 +335,7 @@ __all__ = [
     "JOBS",
     "build_parser",
     "main",
+    "run_in_process",
 ]
 
 

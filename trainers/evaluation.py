@@ -1,33 +1,27 @@
 """Open-domain QA evaluation as in ORQA / REALM (language/orqa/utils/eval_utils.py): exact match after answer
-normalisation (regex match for CuratedTrec), retrieval recall@k, reader-oracle; QA datasets from JSONL or the Hub;
-`openrealm evaluate`.
-
-    openrealm evaluate --model MODEL --dataset FILE_OR_NAME --output FILE.json [--num-blocks N] [--limit N]
-                       [--batch-size B] [--retrieval dense|bm25] [--split SPLIT]
+normalisation (regex match for CuratedTrec), retrieval recall@k, reader-oracle; QA datasets from JSONL or the Hub.
+The `openrealm evaluate` job is trainers/evaluate.py.
 
 Scores are percentages (0-100), as the papers report them.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import string
-import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 
-from openrealm.file_utils import check_apart, write_text_atomic
+from openrealm.file_utils import write_text_atomic
 from openrealm.tokenization.jsonl import iter_jsonl, json_type
 from openrealm.tokenization.sources import is_hub_name, load_hub_dataset
 from openrealm.trainers.options import DEFAULT_RECALL_KS
 from openrealm.trainers.stage_utils import eval_mode
-from openrealm.trainers.towers import check_model_folder
 
 METRIC_SCRIPT = Path(__file__).parent / "metrics" / "realm_open_qa" / "realm_open_qa.py"
 # Splits tried, in order, when a Hub dataset is named without one: evaluation splits first.
@@ -161,7 +155,7 @@ def read_qa_jsonl(path: str | os.PathLike) -> list[dict]:
     return examples
 
 
-def _local_file(path_or_name: str, split: str | None) -> Path | None:
+def local_dataset_file(path_or_name: str, split: str | None) -> Path | None:
     """The JSONL file meant: a file, or DIR/SPLIT.jsonl; None when nothing local is named."""
     path = Path(path_or_name).expanduser()
     if path.is_file():
@@ -180,7 +174,7 @@ def _local_file(path_or_name: str, split: str | None) -> Path | None:
 def dataset_identity(path_or_name: str, split: str | None = None) -> tuple[str, str | None]:
     """(name, split) for reports and model cards: a JSONL file DIR/SPLIT.jsonl -> (DIR's name, SPLIT); a folder ->
     (its name, the SPLIT.jsonl read); a Hub dataset -> (its name, split)."""
-    local = _local_file(str(path_or_name), split)
+    local = local_dataset_file(str(path_or_name), split)
     if local is None:
         return str(path_or_name), split
     return local.absolute().parent.name, local.stem
@@ -194,7 +188,7 @@ def load_qa_dataset(path_or_name: str, split: str | None = None):
     split the first of test / validation / dev / train is used)."""
     import datasets
 
-    local = _local_file(str(path_or_name), split)
+    local = local_dataset_file(str(path_or_name), split)
     if local is not None:
         examples = read_qa_jsonl(local)
     else:
@@ -393,63 +387,6 @@ def read_results(path: str | os.PathLike) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def check_output(output: str, dataset: str, split: str | None, model: str | None = None) -> None:
-    """Refuse a results path that is the dataset file itself (after resolving the paths), an existing folder, or one
-    inside the model or dataset folder (it would replace a file the model or another split is read from)."""
-    target = Path(output).expanduser()
-    if target.is_dir():
-        raise IsADirectoryError(f"--output {output} is a folder; give the results JSON file to write")
-    local = _local_file(str(dataset), split)
-    if local is not None and target.resolve() == local.resolve():
-        raise ValueError(f"--output {output} is the dataset file {local}; writing the results would replace it")
-    check_apart(target, [("--model", model), ("--dataset", dataset)], "--output")
-
-
-def run(args: argparse.Namespace) -> int:
-    """`openrealm evaluate`: evaluate a model on a QA dataset and write the results JSON."""
-    from openrealm import RealmForOpenQA
-
-    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size), ("--num-blocks", args.num_blocks)):
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be a positive integer, got {value}")
-    check_output(args.output, args.dataset, args.split, args.model)  # before anything runs: nothing lost or wasted
-    check_model_folder(str(args.model))
-    dataset = load_qa_dataset(args.dataset, split=args.split)
-    if args.limit is not None:
-        dataset = dataset.select(range(min(args.limit, len(dataset))))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = RealmForOpenQA.from_pretrained(args.model).to(device).eval()
-    searcher = None
-    if args.retrieval == "bm25":
-        from openrealm.trainers.bm25 import Bm25BlockSearcher
-
-        searcher = Bm25BlockSearcher.from_retriever(model.retriever)
-    results = evaluate_open_qa(
-        model,
-        dataset,
-        batch_size=args.batch_size,
-        num_blocks=args.num_blocks,
-        recall_ks=args.recall_k,
-        block_searcher=searcher,
-        progress=not args.quiet,
-    )
-    dataset_name, split = dataset_identity(args.dataset, args.split)
-    results = {
-        "model": str(args.model),
-        "dataset": str(args.dataset),
-        "dataset_name": args.dataset_name or dataset_name,
-        "split": split,
-        "retrieval": args.retrieval,
-        **results,
-    }
-    write_results(results, args.output)
-    for note in results.get("notes", ()):
-        print(f"note: {note}", file=sys.stderr)
-    summary = ", ".join(f"{key} {results[key]:.2f}" for key in results if key == "exact_match" or "@" in key)
-    print(f"{results['count']} questions: {summary}, reader_oracle {results['reader_oracle']:.2f} -> {args.output}")
-    return 0
-
-
 __all__ = [
     "METRIC_SCRIPT",
     "evaluate_open_qa",
@@ -460,6 +397,5 @@ __all__ = [
     "normalize_answer",
     "read_results",
     "regex_match",
-    "run",
     "write_results",
 ]

@@ -13,6 +13,8 @@ the negatives. One `RealmEmbedder` embeds queries and blocks; the loss is softma
 Training runs on transformers' `Trainer` (logging, checkpoints in OUTPUT/checkpoint-*, resume); the ICT logic lives in
 `IctCollator` (examples built on the fly from corpus rows) and `IctModel` (embeddings, gathered negatives, loss). The
 result is a `RealmEmbedder` folder (plus the corpus tokenizer) in OUTPUT: `RealmEmbedder.from_pretrained(OUTPUT)`.
+The module is long because it is the whole stage in one file, as a transformers model file is: its collator, model,
+loss, retrieval evaluation and job, none of which another stage uses (docs/ict.md).
 """
 
 from __future__ import annotations

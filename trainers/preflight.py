@@ -312,9 +312,9 @@ def oracle_args(args: argparse.Namespace, index: Path, output: Path, hold_out: i
 def oracle_recall(oracle: argparse.Namespace, tokenizer, blocks, queries) -> float:
     """Run the oracle control (`oracle_args`, through trainers/pretrain.py's run) and return the held-out recall@5 of
     the embedder it saved, over a fresh exact index of every block."""
-    from openrealm.trainers import pretrain
+    from openrealm.trainers.cli import JOBS, run_job
 
-    pretrain.run(oracle)
+    run_job(JOBS[("train", "pretrain")][0], oracle)
     embedder = RealmEmbedder.from_pretrained(Path(oracle.output) / "embedder").eval()
     embedder.to("cuda" if torch.cuda.is_available() else "cpu")
     return recall_at_k(embedder, exact_index(embedder, blocks, tokenizer), queries, RECALL_K)

@@ -35,7 +35,7 @@ from openrealm.tokenization.corpus import (
 from openrealm.tokenization.masking import SalientSpanCollator
 from openrealm.trainers.checkpoints import resolve_resume
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped
-from openrealm.trainers.index_builder import list_versions
+from openrealm.trainers.indexing import list_versions
 from openrealm.trainers.options import MAX_DROPPED_SHARE
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.pretraining import (

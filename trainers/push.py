@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from openrealm.configuration_realm import read_json_object
-from openrealm.file_utils import write_text_atomic, writer_lock
-from openrealm.hub_cards.model_card import open_qa_model_card
+from openrealm.file_utils import writer_lock
+from openrealm.hub_cards.model_card import open_qa_model_card, write_model_card
 from openrealm.hub_cards.space_app import write_space_app
 from openrealm.trainers.evaluation import read_results
 from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME, OPENQA_SUMMARY_NAME
@@ -44,11 +44,6 @@ def check_open_qa_folder(folder: str | os.PathLike) -> dict:
     if "RealmForOpenQA" not in (config.get("architectures") or []):
         raise ValueError(f"{folder} holds {config.get('architectures')}, not a RealmForOpenQA model")
     return config
-
-
-def write_model_card(folder: str | os.PathLike, card) -> Path:
-    """Write FOLDER/README.md atomically (temporary file beside it, then rename)."""
-    return Path(write_text_atomic(Path(folder) / "README.md", str(card)))
 
 
 def push_open_qa_model(
@@ -121,5 +116,4 @@ def run(args: argparse.Namespace) -> int:
 __all__ = [
     "push_open_qa_model",
     "run",
-    "write_model_card",
 ]

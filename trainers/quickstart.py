@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import json
 import os
 import shutil
@@ -207,7 +206,7 @@ class Stages:
             "--save-steps", "0", "--seed", str(self.seed), "--eval-queries", "256", "--logging-steps", "50",
             "--embedding-dropout", "0", "--overwrite",
         ]  # fmt: skip
-        run_job("ict", argv + ([] if self.progress else ["--quiet"]))
+        cli.run_in_process(["train", "ict"], argv + ([] if self.progress else ["--quiet"]))
         return self.path("ict")
 
     def initial_tower(self, corpus: Path, tower: str = "encoder") -> Path:
@@ -274,12 +273,12 @@ class Stages:
         if queries is None:
             queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=self.seed + 1)
         evaluation = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=preset.eval_every, k=k)
-        run_job("pretrain", argv, callbacks=[evaluation])
+        cli.run_in_process(["train", "pretrain"], argv, callbacks=[evaluation])
         return {"history": evaluation.history, "summary": self.path(name) / "pretraining.json"}
 
     def finetune(self, name: str, embedder: Path, encoder: Path | str) -> Path:
         """Open-QA fine-tuning on the world's training questions; dev questions evaluated before and after."""
-        from openrealm.trainers.openqa import finetune_openqa, openqa_model_from_pretraining
+        from openrealm.trainers.finetuning import finetune_openqa, openqa_model_from_pretraining
 
         preset = self.preset
         output = self.path(f"{name}-openqa")
@@ -308,7 +307,7 @@ class Stages:
         """Table 2's zero-shot retrieval recall@k (%): the pre-trained embedder as the question encoder, before any
         fine-tuning; a test question counts when one of its top-k blocks holds an answer."""
         from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
-        from openrealm.trainers.openqa import openqa_model_from_pretraining
+        from openrealm.trainers.finetuning import openqa_model_from_pretraining
 
         test = load_qa_dataset(str(self.path("world") / "questions_test.jsonl"))
         model = openqa_model_from_pretraining(embedder, encoder, self.path("corpus")).eval()
@@ -346,9 +345,8 @@ class Stages:
 
     def model_card(self, folder: Path, evaluation_json: Path) -> None:
         """Rewrite the fine-tuned folder's model card with its held-out test results next to its dev results."""
-        from openrealm.hub_cards.model_card import open_qa_model_card
+        from openrealm.hub_cards.model_card import open_qa_model_card, write_model_card
         from openrealm.trainers.evaluation import read_results
-        from openrealm.trainers.push import write_model_card
 
         evaluations = [read_results(evaluation_json)]
         if (folder / options.OPENQA_DEV_RESULTS_NAME).is_file():
@@ -381,15 +379,6 @@ RECALL_KS = (1, 5, 10)
 
 
 PRETRAINING_STAGE = "REALM pre-training with async index refresh, and its ablations"
-
-
-def run_job(name: str, argv: list[str], **kwargs) -> int:
-    """Run the job `openrealm train NAME ARGV` in this process (its options parsed as the command line parses them);
-    kwargs go to its run(args, ...) (the pre-training job takes extra callbacks)."""
-    module_name, _, options_name = cli.JOBS[("train", name)]
-    parser = argparse.ArgumentParser(prog=f"openrealm train {name}")
-    getattr(options, options_name)(parser)
-    return importlib.import_module(module_name).run(parser.parse_args(argv), **kwargs)
 
 
 def _stage_in_child(stages: Stages, method: str, args: tuple, kwargs: dict, log: Path, threads: int):

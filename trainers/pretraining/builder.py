@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from openrealm.file_utils import write_text_atomic
-from openrealm.trainers.index_builder import build_from_args, check_num_shards, exit_with_parent, process_state
-from openrealm.trainers.index_builder import run as run_index_build
+from openrealm.trainers.cli import JOBS, run_job
+from openrealm.trainers.indexing import build_from_args, check_num_shards, exit_with_parent, process_state
 from openrealm.trainers.options import index_build
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         prog=f"python -m {MODULE}", description="Embed every block of a knowledge corpus and write a MIPS index."
     )
     index_build(parser)
-    return run_index_build(parser.parse_args(argv))
+    return run_job(JOBS[("index", "build")][0], parser.parse_args(argv))
 
 
 LOG_TAIL_CHARS = 2000

@@ -20,7 +20,7 @@ from openrealm.tokenization.corpus import (
 )
 from openrealm.tokenization.masking import SKIP_REASONS
 from openrealm.trainers.dropped import check_dropped
-from openrealm.trainers.index_builder import build_index, load_index
+from openrealm.trainers.indexing import build_index, load_index
 from openrealm.trainers.options import MAX_DROPPED_SHARE
 from openrealm.trainers.pretraining.evaluation import held_out_query_blocks
 from openrealm.trainers.pretraining.examples import CANDIDATE_SEQ_LEN, COUNTERS, JOINT_SEQ_LEN, QUERY_SEQ_LEN

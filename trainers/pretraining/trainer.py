@@ -21,7 +21,7 @@ from openrealm.file_utils import write_text_atomic
 from openrealm.tokenization.masking import SalientSpanCollator
 from openrealm.trainers.checkpoints import StagedCheckpointTrainer
 from openrealm.trainers.dropped import DroppedExamplesGuard
-from openrealm.trainers.index_builder import load_index
+from openrealm.trainers.indexing import load_index
 from openrealm.trainers.pretraining.examples import RealmPretrainingExamples, batch_on
 from openrealm.trainers.pretraining.inputs import RUN_COUNTERS, dropped_examples
 from openrealm.trainers.pretraining.model import (

@@ -22,7 +22,6 @@ what the world can say.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -32,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from openrealm.file_utils import atomic_directory, check_apart
+from openrealm.file_utils import atomic_directory
 from openrealm.tokenization.jsonl import read_jsonl, write_jsonl
 
 FORMAT = "openrealm.synthetic_world"
@@ -703,36 +702,6 @@ def _make_questions(rng: random.Random, facts: list[dict], splits: dict[str, str
     return sorted(questions, key=lambda question: SPLITS.index(question["split"]))  # stable within a split
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.tokenizer_output:  # before anything is written: the vocabulary must not replace or land in the world
-        check_apart(args.tokenizer_output, [("--output", args.output)], "--tokenizer-output", existing_only=False)
-    world = generate_world(
-        seed=args.seed,
-        num_people=args.num_people,
-        num_organizations=args.num_organizations,
-        num_cities=args.num_cities,
-        num_rivers=args.num_rivers,
-        num_mountains=args.num_mountains,
-        num_regions=args.num_regions,
-        questions_per_fact=args.questions_per_fact,
-        mentions_per_person=args.mentions_per_person,
-    )
-    path = world.write(args.output, overwrite=args.overwrite)
-    config = world.config
-    print(
-        f"{path}: {config['num_entities']} entities, {config['num_facts']} facts, {config['num_articles']} articles, "
-        f"{config['num_sentences']} sentences, questions {config['num_questions']}"
-    )
-    if args.tokenizer_output:
-        from openrealm.tokenization.vocab import train_wordpiece_vocab
-
-        tokenizer = train_wordpiece_vocab(
-            world.texts(), args.tokenizer_output, vocab_size=args.vocab_size, overwrite=args.overwrite
-        )
-        print(f"{args.tokenizer_output}: WordPiece vocabulary of {len(tokenizer)} tokens")
-    return 0
-
-
 def _world_rows(path: str) -> list[dict]:
     """The rows of one JSONL file of a world folder (tokenization/jsonl.py names a bad line)."""
     if not os.path.isfile(path):
@@ -740,4 +709,4 @@ def _world_rows(path: str) -> list[dict]:
     return read_jsonl(path)
 
 
-__all__ = ["World", "WorldSpanAnnotator", "generate_world", "run"]
+__all__ = ["World", "WorldSpanAnnotator", "generate_world"]

@@ -1,0 +1,42 @@
+"""The `openrealm world` job: generate the synthetic world (trainers/world/synthetic_world.py) into a folder, and
+optionally a WordPiece vocabulary trained on its text."""
+
+from __future__ import annotations
+
+import argparse
+
+from openrealm.file_utils import check_apart
+from openrealm.trainers.world.synthetic_world import generate_world
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.tokenizer_output:  # before anything is written: the vocabulary must not replace or land in the world
+        check_apart(args.tokenizer_output, [("--output", args.output)], "--tokenizer-output", existing_only=False)
+    world = generate_world(
+        seed=args.seed,
+        num_people=args.num_people,
+        num_organizations=args.num_organizations,
+        num_cities=args.num_cities,
+        num_rivers=args.num_rivers,
+        num_mountains=args.num_mountains,
+        num_regions=args.num_regions,
+        questions_per_fact=args.questions_per_fact,
+        mentions_per_person=args.mentions_per_person,
+    )
+    path = world.write(args.output, overwrite=args.overwrite)
+    config = world.config
+    print(
+        f"{path}: {config['num_entities']} entities, {config['num_facts']} facts, {config['num_articles']} articles, "
+        f"{config['num_sentences']} sentences, questions {config['num_questions']}"
+    )
+    if args.tokenizer_output:
+        from openrealm.tokenization.vocab import train_wordpiece_vocab
+
+        tokenizer = train_wordpiece_vocab(
+            world.texts(), args.tokenizer_output, vocab_size=args.vocab_size, overwrite=args.overwrite
+        )
+        print(f"{args.tokenizer_output}: WordPiece vocabulary of {len(tokenizer)} tokens")
+    return 0
+
+
+__all__ = ["run"]
