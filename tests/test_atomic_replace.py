@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import make_openqa_model
+from helpers import make_openqa_model
 from tqdm import tqdm
 
 from openrealm import RealmForOpenQA, file_utils

@@ -10,7 +10,7 @@ import re
 import shutil
 
 import pytest
-from conftest import fixture_folder, make_openqa_model, tiny_config_kwargs
+from helpers import fixture_folder, make_openqa_model, tiny_config_kwargs
 
 from openrealm import RealmTokenizer
 from openrealm.tokenization import corpus
@@ -749,7 +749,7 @@ def test_evaluate_names_a_dataset_line_whose_json_escapes_half_a_surrogate_pair(
 def corpus_with_id(tmp_path, column: str, block: int, value: int) -> str:
     """A corpus of three articles (the fixture tokenizer: 158 wordpieces) whose `column` of `block` starts with
     `value`, as a hand edit of the Arrow file would leave it."""
-    from conftest import fixture_tokenizer
+    from helpers import fixture_tokenizer
     from datasets import load_from_disk
 
     articles = [{"title": name, "text": f"{name} is a city."} for name in ("paris", "london", "nile")]
@@ -832,7 +832,7 @@ def test_ask_with_a_tokenizer_file_that_is_not_json_exits_2_naming_file_line_and
 
 
 def test_a_config_override_of_the_wrong_type_exits_2_naming_the_field(tmp_path, capsys):
-    from conftest import fixture_tokenizer
+    from helpers import fixture_tokenizer
 
     source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
     build_corpus(source, tmp_path / "corpus", fixture_tokenizer(), progress=False)
@@ -860,7 +860,7 @@ def test_push_with_a_results_file_that_is_not_json_exits_2_naming_it_before_writ
 
 
 def test_index_build_names_a_damaged_corpus_tokenizer_file(tmp_path, capsys):
-    from conftest import fixture_tokenizer
+    from helpers import fixture_tokenizer
 
     build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "corpus", fixture_tokenizer())
     (tmp_path / "corpus" / "tokenizer.json").write_text("{\n", encoding="utf-8")
@@ -874,7 +874,7 @@ def test_index_build_names_a_damaged_corpus_tokenizer_file(tmp_path, capsys):
 
 
 def test_ask_prints_the_terminal_escapes_of_a_corpus_as_text(saved_model, tmp_path, capsys):
-    from conftest import BLOCK_TEXTS
+    from helpers import BLOCK_TEXTS
 
     from openrealm import BlockRecords
 

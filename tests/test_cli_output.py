@@ -5,12 +5,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers import TINY
 from transformers import BertTokenizerFast
 
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers.world.synthetic_world import generate_world
-
-TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16"
 
 
 def openrealm(*argv: str) -> subprocess.CompletedProcess:

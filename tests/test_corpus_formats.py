@@ -10,7 +10,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_model
+from helpers import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_model
 from datasets import Dataset, DatasetDict
 
 from openrealm import BlockRecords, RealmRetriever

@@ -7,7 +7,7 @@ from pathlib import Path
 import evaluate
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, make_openqa_model
+from helpers import BLOCK_TEXTS, make_openqa_model
 
 from openrealm.trainers.bm25 import Bm25BlockSearcher
 from openrealm.trainers.cli import main

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, tiny_realm_config
-from datasets import Dataset
+from helpers import TEXTS, TITLES, direct_embedding, fixture_folder, fixture_tokenizer, tiny_embedder, write_corpus
 from transformers import BertConfig, BertModel
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever, RealmScorer
-from openrealm.tokenization.corpus import block_retriever_inputs, build_corpus, load_corpus
+from openrealm.tokenization.corpus import load_corpus
 from openrealm.trainers import index_builder
 from openrealm.trainers.cli import main as openrealm_main
 from openrealm.trainers.embedding import embed_corpus, shard_range
@@ -24,36 +23,10 @@ from openrealm.trainers.index_builder import build_index, latest_index_dir, list
 from openrealm.trainers.stage_utils import leave_process_group
 from openrealm.trainers.towers import load_embedder
 
-# Titles of different lengths and one long body, so batches mix lengths and padding.
-TITLES = ["the nile", "paris", "london city", "alan turing", "the river thames", "paris", "science"]
-TEXTS = [*BLOCK_TEXTS, " ".join(BLOCK_TEXTS)]
-
-
-def write_corpus(directory: Path, titles=TITLES, texts=TEXTS) -> Path:
-    """A knowledge corpus folder (openrealm corpus build) with one block per article."""
-    build_corpus(Dataset.from_dict({"title": titles, "text": texts}), directory, fixture_tokenizer())
-    return directory
-
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     return write_corpus(tmp_path / "corpus")
-
-
-def tiny_embedder(seed: int = 0, **overrides) -> RealmEmbedder:
-    torch.manual_seed(seed)
-    return RealmEmbedder(tiny_realm_config(max_position_embeddings=288, **overrides)).eval()
-
-
-def direct_embedding(embedder: RealmEmbedder, title: str, text: str) -> torch.Tensor:
-    """One block, unpadded, straight through the embedder -> [P]."""
-    tokenizer = fixture_tokenizer()
-    title_ids, token_ids = (tokenizer(s, add_special_tokens=False)["input_ids"] for s in (title, text))
-    inputs = block_retriever_inputs(title_ids, token_ids, tokenizer, max_length=288)
-    with torch.no_grad():
-        return embedder(
-            input_ids=torch.tensor([inputs["input_ids"]]), token_type_ids=torch.tensor([inputs["token_type_ids"]])
-        ).projected_score[0]
 
 
 @pytest.mark.parametrize("sort_by_length", [True, False], ids=["sorted", "block-order"])

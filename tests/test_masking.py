@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import fixture_tokenizer
+from helpers import fixture_tokenizer
 
 from openrealm.tokenization.masking import SalientSpanCollator, mask_query
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import fixture_folder, tiny_realm_config
+from helpers import fixture_folder, tiny_realm_config
 from transformers import AutoModel, BertConfig, BertForMaskedLM
 
 from openrealm import (

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, fixture_tokenizer, make_openqa_model
+from helpers import BLOCK_TEXTS, fixture_tokenizer, make_openqa_model
 
 from openrealm.hub_cards import model_card
 from openrealm.trainers.openqa import (

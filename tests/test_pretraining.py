@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, fixture_tokenizer, tiny_realm_config
+from helpers import BLOCK_TEXTS, fixture_tokenizer, tiny_realm_config
 from datasets import Dataset
 from torch import nn
 

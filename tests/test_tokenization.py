@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import FIXTURES, fixture_folder
+from helpers import FIXTURES, fixture_folder
 from transformers import AutoTokenizer
 
 from openrealm import RealmTokenizer, RealmTokenizerFast

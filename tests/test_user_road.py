@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import RecordingHfApi
 from safetensors.torch import load_file
-from test_push import RecordingHfApi
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 from transformers.trainer_utils import get_last_checkpoint
 
