@@ -1,7 +1,7 @@
-"""A living corpus (issue 17 §1): `openrealm corpus add | remove | update` write a new version of a corpus folder or
-a model folder without re-embedding it; added blocks take the next ids and the index's embedder snapshot, removed
-blocks are never retrieved again by any index type, the ids that stay never change, a kill -9 leaves the previous
-version whole, and a running model or pipeline picks the new version up."""
+"""A living corpus (docs/corpus.md, "Adding, updating and removing documents"): `openrealm corpus add | remove |
+update` write a new version of a corpus folder or a model folder without re-embedding it; added blocks take the next
+ids and the index's embedder snapshot, removed blocks are never retrieved again by any index type, the ids that stay
+never change, a kill -9 leaves the previous version whole, and a running model or pipeline picks the new version up."""
 
 import os
 import shutil

@@ -1,5 +1,6 @@
-"""Open-QA evaluation (spec §6.6): answer normalisation, exact/regex match, recall@k and reader-oracle on a tiny model,
-QA datasets (NQ-open, WebQuestions, CuratedTrec from ../shared/data), the `evaluate` metric and `openrealm evaluate`."""
+"""Open-QA evaluation as ORQA's language/orqa/utils/eval_utils.py does it: answer normalisation, exact/regex match,
+recall@k and reader-oracle on a tiny model, QA datasets (NQ-open, WebQuestions, CuratedTrec from ../shared/data), the
+`evaluate` metric and `openrealm evaluate`."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""Salient span masking (Google §2.2) and the paper's random-token / random-span ablations."""
+"""Salient span masking (paper §3.4; Google's language/realm/example_generator.py and featurization.py) and the
+paper's random-token / random-span ablations."""
 
 import random
 from collections import Counter
