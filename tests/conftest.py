@@ -82,7 +82,7 @@ def waiting():
     logger.removeHandler(handler)
 
 
-# --- Portable float checks ---------------------------------------------------------------------------------------------
+# --- Portable float checks -------------------------------------------------------------------------------------------
 # Floats computed with other shapes, batch sizes, thread counts or BLAS kernels differ in the last bits between
 # machines (and between thread counts on one machine), so a test compares computed floats with a stated tolerance and
 # keeps exact equality for what is copied, reloaded or recomputed by the very same call. Every exact comparison of

@@ -223,7 +223,8 @@ HELD_OUT_BLOCKS, QUERIES_PER_BLOCK, RECALL_K = 15, 4, 5
 
 
 class TinyWorld:
-    """A 20-person world (about 65 blocks of 64 wordpieces), its corpus, a random-start embedder and held-out queries."""
+    """A 20-person world (about 65 blocks of 64 wordpieces), its corpus, a random-start embedder and held-out
+    queries."""
 
     def __init__(self, root: Path, seed: int = 0):
         world = generate_world(seed=seed, **TINY_WORLD)

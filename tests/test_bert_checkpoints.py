@@ -21,8 +21,8 @@ BERT = BertConfig(
 def bert_checkpoint(folder, layout: str) -> dict[str, torch.Tensor]:
     """Save a random BERT in one of the layouts users have; returns its encoder's state dict (bare BertModel keys).
 
-    bare: a BertModel (sentence-transformers, all-MiniLM-L6-v2); mlm: BertForMaskedLM (`bert.*` + `cls.predictions`,
-    no pooler); mlm_no_head: `bert.*` keys alone; pretraining: BertForPreTraining (`bert.*` with the pooler, MLM head and
+    bare: a BertModel (sentence-transformers, all-MiniLM-L6-v2); mlm: BertForMaskedLM (`bert.*` + `cls.predictions`, no
+    pooler); mlm_no_head: `bert.*` keys alone; pretraining: BertForPreTraining (`bert.*` with the pooler, MLM head and
     `cls.seq_relationship`), the layout of bert-base-uncased."""
     torch.manual_seed(7)
     model = {
@@ -226,8 +226,8 @@ def test_a_command_given_a_checkpoint_without_bert_weights_stops_naming_it(comma
     model = RealmEmbedder.from_bert_pretrained(tmp_path / "bert")
     state = {("bert." + k[len("realm.") :] if k.startswith("realm.") else k): v for k, v in model.state_dict().items()}
     model.save_pretrained(bad, state_dict=state)
-    from helpers import fixture_tokenizer
     from datasets import Dataset
+    from helpers import fixture_tokenizer
 
     tokenizer = fixture_tokenizer()
     # enough blocks of several sentences that neither ICT nor pre-training refuses the corpus before the checkpoint

@@ -1,5 +1,6 @@
 """What a job prints: by default one progress bar and one summary line per stage; --quiet only the summary;
---verbose the libraries' inner bars and the Trainer's logged metrics as well. Run as a user runs it (a fresh process)."""
+--verbose the libraries' inner bars and the Trainer's logged metrics as well. Run as a user runs it (a fresh
+process)."""
 
 import subprocess
 import sys
@@ -82,7 +83,8 @@ def test_a_job_run_in_process_leaves_the_libraries_logging_as_it_was(world_files
     before = (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
               datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled())  # fmt: skip
     assert main(["corpus", "build", "--input", str(world_files / "world" / "articles.jsonl"), "--output",
-                 str(world_files / "corpus-in-process"), "--tokenizer", str(world_files / "tok"), "--quiet"]) == 0  # fmt: skip
+                 str(world_files / "corpus-in-process"), "--tokenizer", str(world_files / "tok"),
+                 "--quiet"]) == 0  # fmt: skip
     assert (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
             datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()) == before  # fmt: skip
 

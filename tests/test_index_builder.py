@@ -258,8 +258,9 @@ def test_two_processes_under_accelerate_join_to_the_single_process_embeddings(co
     embedder = tiny_embedder()
     embedder.save_pretrained(tmp_path / "embedder")
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "openrealm", "index", "build",
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "-m", "openrealm", "index", "build",
         "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output", str(tmp_path / "index"),
         "--batch-size", "2", "--quiet",
     ]  # fmt: skip
@@ -331,8 +332,9 @@ def test_a_builder_whose_trainer_was_killed_exits_without_writing_a_version(corp
     # The stand-in trainer starts the builder as the async refresh does (with its own pid), then dies by SIGKILL.
     trainer = (
         "import os, signal, subprocess, sys\n"
-        "builder = subprocess.Popen([sys.executable, '-m', 'openrealm.trainers.pretraining.builder', '--embedder', sys.argv[1],"
-        " '--corpus', sys.argv[2], '--output', sys.argv[3], '--quiet', '--parent-pid', str(os.getpid())])\n"
+        "builder = subprocess.Popen([sys.executable, '-m', 'openrealm.trainers.pretraining.builder',"
+        " '--embedder', sys.argv[1], '--corpus', sys.argv[2], '--output', sys.argv[3], '--quiet',"
+        " '--parent-pid', str(os.getpid())])\n"
         "print(builder.pid, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )

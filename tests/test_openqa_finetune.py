@@ -108,7 +108,8 @@ def test_regex_patterns_mark_the_matching_spans_case_insensitively(model, tokeni
 
 
 def test_regex_patterns_span_several_wordpieces_even_out_of_vocabulary_ones(model, tokenizer):
-    """ "cairo" and "thames" are [UNK] to the fixture vocabulary: matching the text finds them, wordpiece ids could not."""
+    """ "cairo" and "thames" are [UNK] to the fixture vocabulary: matching the text finds them, wordpiece ids could
+    not."""
     inputs = reader_inputs_for_every_block(
         model, tokenizer, "which river ?", answer_patterns=[[r"(the )?river\s+th[a-z]+", r"cair(o|ene)"]]
     )

@@ -1,5 +1,5 @@
-"""RealmTokenizer: BERT uncased WordPiece ids identical to transformers 4.57.6 (slow and fast), batch_encode_candidates,
-and resolution of legacy tokenizer configs through AutoTokenizer."""
+"""RealmTokenizer: BERT uncased WordPiece ids identical to transformers 4.57.6 (slow and fast),
+batch_encode_candidates, and resolution of legacy tokenizer configs through AutoTokenizer."""
 
 import json
 
