@@ -143,7 +143,7 @@ def tiny_overrides(**changes) -> str:
 TINY = tiny_overrides()
 # Pre-training's joint input is a 96-wordpiece query and a 288-wordpiece block: 384 positions.
 TINY_PRETRAIN = tiny_overrides(max_position_embeddings=384)
-# Without dropout, the random start of a tiny world learns within a few hundred CPU steps (test_retriever_learns.py).
+# The towers of TinyWorld's runs (test_retriever_learns.py, test_preflight.py): no dropout, 128 positions.
 TINY_NO_DROPOUT = tiny_overrides(hidden_dropout_prob=0, attention_probs_dropout_prob=0, max_position_embeddings=128)
 
 
