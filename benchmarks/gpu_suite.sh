@@ -49,5 +49,5 @@ else
   step index_build 75 bash -c "cd benchmarks && $PY bench_index_build.py --device cuda --models bert-base-288 --dtype bfloat16 --num-blocks 32768 --batch-size 256 --measure-peak"
   step pretrain 160 bash -c "cd benchmarks && $PY bench_pretrain.py --model bert-base --bf16 --measure-peak --steps 30 --batch-size 16 --repeats 2 --profile $OUT/profile.txt"
   step tests 150 $PY -m pytest -q -p no:cacheprovider -n 8 --durations=15 tests/test_gpu.py tests/test_index.py \
-    tests/test_index_builder.py tests/test_pretraining.py tests/test_pretrain.py tests/test_sharded_index.py
+    tests/test_index_builder.py tests/test_pretraining.py tests/test_pretrain.py tests/test_refresh.py tests/test_sharded_index.py
 fi

@@ -1,115 +1,88 @@
-"""Shared test helpers: the transformers 4.57.6 reference fixtures (see tests/reference/README.md)."""
+"""The fixtures several test modules share, and the check that exact comparisons of floats state a reason. Plain
+helpers (constants, small models, corpora, command lines) are in helpers.py."""
 
 import ast
 import functools
-import json
 import linecache
+import logging
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-FIXTURES = Path(__file__).parent / "reference" / "fixtures"
-MODEL_NAMES = ("embedder", "scorer", "knowledge_aug_encoder", "reader", "openqa")
-LAYOUTS = ("safetensors", "hub")
-
-
-def load_manifest() -> dict:
-    return json.loads((FIXTURES / "manifest.json").read_text())
-
-
-def load_cases(name: str) -> dict[str, dict[str, torch.Tensor]]:
-    """{case: {field: tensor}} from <name>_cases.safetensors (tensors are named <case>.<field>)."""
-    cases: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in load_file(FIXTURES / f"{name}_cases.safetensors").items():
-        case, field = key.split(".", 1)
-        cases.setdefault(case, {})[field] = tensor
-    return cases
-
-
-def fixture_folder(name: str, layout: str) -> Path:
-    return FIXTURES / f"{name}_{layout}"
-
-
-def tiny_config_kwargs() -> dict:
-    """The reference fixtures' tiny REALM config."""
-    keys = (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "retriever_proj_size",
-        "span_hidden_size",
-        "max_span_width",
-        "num_candidates",
-        "reader_beam_size",
-        "searcher_beam_size",
-        "reader_seq_len",
-        "num_block_records",
-        "max_position_embeddings",
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-    )
-    config = load_manifest()["config"]
-    return {key: config[key] for key in keys}
 
 
 @pytest.fixture(scope="session")
 def manifest() -> dict:
+    from helpers import load_manifest
+
     return load_manifest()
 
 
-BLOCK_TEXTS = [
-    "the nile river flows through egypt and the city of cairo .",
-    "paris is the capital city of france .",
-    "london is the capital city of england .",
-    "alan turing was a pioneer of modern computer science .",
-    "the river thames flows through london .",
-    "who was born in paris ?",
-]
+@pytest.fixture(scope="module")
+def world_corpus(tmp_path_factory) -> Path:
+    """A small synthetic world (helpers.TINY_WORLD, seed 0: 58 articles, one block each, dates as salient spans) as a
+    corpus with its own 2,000-wordpiece vocabulary. For the pre-training and refresh tests."""
+    from datasets import Dataset
+    from helpers import TINY_WORLD
+
+    from openrealm.tokenization.corpus import build_corpus
+    from openrealm.tokenization.salient_spans import make_span_annotator
+    from openrealm.tokenization.vocab import train_wordpiece_vocab
+    from openrealm.trainers.world.synthetic_world import generate_world
+
+    root = tmp_path_factory.mktemp("world")
+    world = generate_world(seed=0, **TINY_WORLD)
+    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=2000)
+    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
+    build_corpus(articles, root / "corpus", vocab, span_annotator=make_span_annotator("regex"))
+    return root / "corpus"
 
 
-def tiny_realm_config(**overrides):
-    from openrealm import RealmConfig
+@pytest.fixture(scope="module")
+def quickstart_corpus(tmp_path_factory) -> Path:
+    """The quickstart's small world (117 articles, one block each) as a corpus of blocks of at most 64 wordpieces with
+    its own 1,000-wordpiece vocabulary."""
+    from datasets import Dataset
 
-    kwargs = tiny_config_kwargs()
-    kwargs.update(num_block_records=len(BLOCK_TEXTS), searcher_beam_size=4)
-    kwargs.update(overrides)
-    return RealmConfig(**kwargs)
+    from openrealm.tokenization.corpus import build_corpus
+    from openrealm.tokenization.vocab import train_wordpiece_vocab
+    from openrealm.trainers.quickstart import WORLD
+    from openrealm.trainers.world.synthetic_world import generate_world
 
-
-def fixture_tokenizer():
-    from openrealm import RealmTokenizer
-
-    return RealmTokenizer.from_pretrained(fixture_folder("embedder", "safetensors"))
-
-
-def make_openqa_model(seed: int = 0, index_type: str = "exact", **config_overrides):
-    """A tiny random RealmForOpenQA whose retriever serves BLOCK_TEXTS (titles "title i") with embeddings computed by
-    its own embedder, so retrieval is consistent with the model."""
-    from openrealm import BlockRecords, RealmBlockIndex, RealmForOpenQA, RealmRetriever
-
-    torch.manual_seed(seed)
-    config = tiny_realm_config(**config_overrides)
-    model = RealmForOpenQA(config).eval()
-    tokenizer = fixture_tokenizer()
-    titles = [f"title {i}" for i in range(len(BLOCK_TEXTS))]
-    import tempfile
-
-    records_path = Path(tempfile.mkdtemp()) / "block_records.safetensors"
-    records = BlockRecords.write(records_path, zip(titles, BLOCK_TEXTS))
-    with torch.no_grad():
-        blocks = tokenizer(titles, BLOCK_TEXTS, padding=True, return_tensors="pt")
-        block_emb = model.embedder(**blocks).projected_score
-    index = RealmBlockIndex.build(block_emb, index_type=index_type)
-    model.retriever = RealmRetriever(records, tokenizer, index=index)
-    return model
+    root = tmp_path_factory.mktemp("mlm")
+    world = generate_world(seed=0, **WORLD)
+    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=1000)
+    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
+    build_corpus(articles, root / "corpus", vocab, max_block_length=64)
+    return root / "corpus"
 
 
-# --- Portable float checks ---------------------------------------------------------------------------------------------
+class WaitingWriters(logging.Handler):
+    """Sets `event` when a writer says that it waits for another writer of the same folder (file_utils.writer_lock)."""
+
+    def __init__(self, event: threading.Event):
+        super().__init__()
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "Waiting for another writer" in record.getMessage():
+            self.event.set()
+
+
+@pytest.fixture
+def waiting():
+    """An event set when a writer starts waiting for another one."""
+    event = threading.Event()
+    handler = WaitingWriters(event)
+    logger = logging.getLogger("openrealm.file_utils")
+    logger.addHandler(handler)
+    yield event
+    logger.removeHandler(handler)
+
+
+# --- Portable float checks -------------------------------------------------------------------------------------------
 # Floats computed with other shapes, batch sizes, thread counts or BLAS kernels differ in the last bits between
 # machines (and between thread counts on one machine), so a test compares computed floats with a stated tolerance and
 # keeps exact equality for what is copied, reloaded or recomputed by the very same call. Every exact comparison of
@@ -118,44 +91,6 @@ def make_openqa_model(seed: int = 0, index_type: str = "exact", **config_overrid
 
 EXACT_REASON = "# exact:"
 _TESTS_DIR = Path(__file__).resolve().parent
-
-
-def small_world_corpus(root: Path) -> Path:
-    """root/corpus: a small synthetic world (58 articles, one block each, dates as salient spans) with its own
-    2,000-wordpiece vocabulary in root/vocab. For the pre-training and refresh tests."""
-    from datasets import Dataset
-
-    from openrealm.tokenization.corpus import build_corpus
-    from openrealm.tokenization.salient_spans import make_span_annotator
-    from openrealm.tokenization.vocab import train_wordpiece_vocab
-    from openrealm.trainers.world.synthetic_world import generate_world
-
-    world = generate_world(
-        seed=0, num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2
-    )
-    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=2000)
-    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
-    build_corpus(articles, root / "corpus", vocab, span_annotator=make_span_annotator("regex"))
-    return root / "corpus"
-
-
-def assert_same_top_k(actual, expected, rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    """Two searches' (scores [Q, k], ids [Q, k]) agree: scores within the tolerance, ids exactly, except that ids
-    whose scores lie within the tolerance of each other (a near-tie another kernel may order either way) need only
-    agree as a set, and a near-tie cut by k only in its scores."""
-    (scores, ids), (expected_scores, expected_ids) = actual, expected
-    torch.testing.assert_close(scores, expected_scores, rtol=rtol, atol=atol)
-    for row, (got, want, want_scores) in enumerate(zip(ids.tolist(), expected_ids.tolist(), expected_scores.tolist())):
-        tolerance = [atol + rtol * abs(score) for score in want_scores]
-        start = 0
-        for end in range(1, len(want) + 1):  # groups of consecutive scores closer than the tolerance
-            if end < len(want) and want_scores[end - 1] - want_scores[end] <= tolerance[end]:
-                continue
-            cut = end == len(want) and end - start > 1
-            assert cut or sorted(got[start:end]) == sorted(want[start:end]), (
-                f"row {row}: ids {got} != {want} at ranks {start}..{end - 1}"
-            )
-            start = end
 
 
 def _is_float_array(value) -> bool:

@@ -1,6 +1,6 @@
-"""Saving over an existing folder is all-or-nothing as a loader sees it (issue 15): a save killed at any moment leaves
-the old version whole, leftovers of killed saves are cleaned by the next write (or the old version restored), and a
-new save never leaves old shards or an old index beside new weights."""
+"""Saving over an existing folder is all-or-nothing as a loader sees it (docs/guarantees.md): a save killed at any
+moment leaves the old version whole, leftovers of killed saves are cleaned by the next write (or the old version
+restored), and a new save never leaves old shards or an old index beside new weights."""
 
 import multiprocessing
 import os
@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import make_openqa_model
+from helpers import make_openqa_model
 from tqdm import tqdm
 
 from openrealm import RealmForOpenQA, file_utils

@@ -1,6 +1,7 @@
 """Nothing lost, nothing half-written, every bad input named: malformed JSONL (articles, QA rows, gold passages) is
-reported as FILE, line N (1-based) with what is wrong and leaves nothing behind; `corpus build --overwrite` deletes only
-what a build wrote; `openrealm evaluate` refuses bad flags before running; the CLI prints one line, not a traceback."""
+reported as FILE, line N (1-based) with what is wrong and leaves nothing behind; `corpus build --overwrite` deletes
+only what a build wrote; `openrealm evaluate` refuses bad flags before running; the CLI prints one line, not a
+traceback."""
 
 import errno
 import io
@@ -10,7 +11,7 @@ import re
 import shutil
 
 import pytest
-from conftest import fixture_folder, make_openqa_model, tiny_config_kwargs
+from helpers import fixture_folder, make_openqa_model, tiny_config_kwargs
 
 from openrealm import RealmTokenizer
 from openrealm.tokenization import corpus
@@ -227,7 +228,8 @@ def test_overwrite_refuses_a_folder_that_is_not_a_corpus(tmp_path, tokenizer):
 
 def test_overwrite_replaces_a_corpus_holding_only_what_a_build_wrote(tmp_path, tokenizer):
     build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "out", tokenizer)
-    build_corpus(write_lines(tmp_path / "b.jsonl", '{"title": "b", "text": "Paris."}'), tmp_path / "out", tokenizer, overwrite=True)  # fmt: skip
+    replacement = write_lines(tmp_path / "b.jsonl", '{"title": "b", "text": "Paris."}')
+    build_corpus(replacement, tmp_path / "out", tokenizer, overwrite=True)
     assert load_corpus(tmp_path / "out")["title"] == ["b"]
     assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "b.jsonl", "out"]
 
@@ -236,7 +238,8 @@ def test_cli_overwrite_with_the_input_inside_the_output_exits_2(tmp_path, tokeni
     tokenizer.save_pretrained(tmp_path / "tok")
     build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "out", tokenizer)
     inside = write_lines(tmp_path / "out" / "in.jsonl", json.dumps(ARTICLE))
-    argv = corpus_build_argv("--input", inside, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok"), "--overwrite")  # fmt: skip
+    argv = corpus_build_argv("--input", inside, "--output", str(tmp_path / "out"),
+                             "--tokenizer", str(tmp_path / "tok"), "--overwrite")  # fmt: skip
     assert main(argv) == 2
     assert "in.jsonl lies inside" in one_error_line(capsys)
     assert (tmp_path / "out" / "in.jsonl").is_file()
@@ -749,15 +752,16 @@ def test_evaluate_names_a_dataset_line_whose_json_escapes_half_a_surrogate_pair(
 def corpus_with_id(tmp_path, column: str, block: int, value: int) -> str:
     """A corpus of three articles (the fixture tokenizer: 158 wordpieces) whose `column` of `block` starts with
     `value`, as a hand edit of the Arrow file would leave it."""
-    from conftest import fixture_tokenizer
     from datasets import load_from_disk
+    from helpers import fixture_tokenizer
 
     articles = [{"title": name, "text": f"{name} is a city."} for name in ("paris", "london", "nile")]
     source = write_lines(tmp_path / "a.jsonl", *map(json.dumps, articles))
     folder = tmp_path / "corpus"
     build_corpus(source, folder, fixture_tokenizer(), progress=False)
     blocks = load_from_disk(str(folder / "blocks"))
-    edited = blocks.map(lambda row, i: {column: [value, *row[column][1:]] if i == block else row[column]}, with_indices=True)  # fmt: skip
+    edited = blocks.map(lambda row, i: {column: [value, *row[column][1:]] if i == block else row[column]},
+                        with_indices=True)  # fmt: skip
     edited.save_to_disk(str(tmp_path / "edited"))
     shutil.rmtree(folder / "blocks")
     os.rename(tmp_path / "edited", folder / "blocks")
@@ -832,7 +836,7 @@ def test_ask_with_a_tokenizer_file_that_is_not_json_exits_2_naming_file_line_and
 
 
 def test_a_config_override_of_the_wrong_type_exits_2_naming_the_field(tmp_path, capsys):
-    from conftest import fixture_tokenizer
+    from helpers import fixture_tokenizer
 
     source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
     build_corpus(source, tmp_path / "corpus", fixture_tokenizer(), progress=False)
@@ -860,12 +864,13 @@ def test_push_with_a_results_file_that_is_not_json_exits_2_naming_it_before_writ
 
 
 def test_index_build_names_a_damaged_corpus_tokenizer_file(tmp_path, capsys):
-    from conftest import fixture_tokenizer
+    from helpers import fixture_tokenizer
 
     build_corpus(write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE)), tmp_path / "corpus", fixture_tokenizer())
     (tmp_path / "corpus" / "tokenizer.json").write_text("{\n", encoding="utf-8")
     embedder = str(fixture_folder("embedder", "safetensors"))
-    argv = ["index", "build", "--embedder", embedder, "--corpus", str(tmp_path / "corpus"), "--output", str(tmp_path / "i")]  # fmt: skip
+    argv = ["index", "build", "--embedder", embedder, "--corpus", str(tmp_path / "corpus")]
+    argv += ["--output", str(tmp_path / "i")]
     assert main(argv) == 2
     assert one_error_line(capsys).startswith(
         f"openrealm: error: {tmp_path / 'corpus' / 'tokenizer.json'} is not a tokenizer file: EOF while parsing"
@@ -874,7 +879,7 @@ def test_index_build_names_a_damaged_corpus_tokenizer_file(tmp_path, capsys):
 
 
 def test_ask_prints_the_terminal_escapes_of_a_corpus_as_text(saved_model, tmp_path, capsys):
-    from conftest import BLOCK_TEXTS
+    from helpers import BLOCK_TEXTS
 
     from openrealm import BlockRecords
 

@@ -21,8 +21,8 @@ BERT = BertConfig(
 def bert_checkpoint(folder, layout: str) -> dict[str, torch.Tensor]:
     """Save a random BERT in one of the layouts users have; returns its encoder's state dict (bare BertModel keys).
 
-    bare: a BertModel (sentence-transformers, all-MiniLM-L6-v2); mlm: BertForMaskedLM (`bert.*` + `cls.predictions`,
-    no pooler); mlm_no_head: `bert.*` keys alone; pretraining: BertForPreTraining (`bert.*` with the pooler, MLM head and
+    bare: a BertModel (sentence-transformers, all-MiniLM-L6-v2); mlm: BertForMaskedLM (`bert.*` + `cls.predictions`, no
+    pooler); mlm_no_head: `bert.*` keys alone; pretraining: BertForPreTraining (`bert.*` with the pooler, MLM head and
     `cls.seq_relationship`), the layout of bert-base-uncased."""
     torch.manual_seed(7)
     model = {
@@ -122,7 +122,7 @@ def test_from_pretrained_of_a_bert_checkpoint_names_the_missing_and_the_found_pr
 
 def test_a_realm_folder_without_its_encoder_is_refused_unless_allowed(tmp_path):
     torch.manual_seed(0)
-    from conftest import tiny_realm_config
+    from helpers import tiny_realm_config
 
     RealmScorer(tiny_realm_config()).save_pretrained(tmp_path / "scorer")
     with pytest.raises(MissingWeightsError, match="lacks the backbone weights"):
@@ -132,7 +132,7 @@ def test_a_realm_folder_without_its_encoder_is_refused_unless_allowed(tmp_path):
 
 
 def test_an_open_qa_folder_missing_its_reader_is_refused(tmp_path):
-    from conftest import tiny_realm_config
+    from helpers import tiny_realm_config
 
     model = RealmForOpenQA(tiny_realm_config())
     state = {key: value for key, value in model.state_dict().items() if not key.startswith("reader.realm.")}
@@ -170,7 +170,7 @@ def test_tower_loaders_take_every_bert_layout(layout, tmp_path):
 
 
 def test_the_encoder_loader_takes_the_reader_of_an_open_qa_folder(tmp_path):
-    from conftest import tiny_realm_config
+    from helpers import tiny_realm_config
 
     torch.manual_seed(0)
     model = RealmForOpenQA(tiny_realm_config())
@@ -181,7 +181,7 @@ def test_the_encoder_loader_takes_the_reader_of_an_open_qa_folder(tmp_path):
 
 
 def test_save_tower_writes_model_tokenizer_and_files_and_keeps_other_entries(tmp_path):
-    from conftest import fixture_tokenizer, tiny_realm_config
+    from helpers import fixture_tokenizer, tiny_realm_config
 
     (tmp_path / "out" / "checkpoint-5").mkdir(parents=True)
     model = RealmEmbedder(tiny_realm_config())
@@ -226,8 +226,8 @@ def test_a_command_given_a_checkpoint_without_bert_weights_stops_naming_it(comma
     model = RealmEmbedder.from_bert_pretrained(tmp_path / "bert")
     state = {("bert." + k[len("realm.") :] if k.startswith("realm.") else k): v for k, v in model.state_dict().items()}
     model.save_pretrained(bad, state_dict=state)
-    from conftest import fixture_tokenizer
     from datasets import Dataset
+    from helpers import fixture_tokenizer
 
     tokenizer = fixture_tokenizer()
     # enough blocks of several sentences that neither ICT nor pre-training refuses the corpus before the checkpoint
@@ -242,7 +242,7 @@ def test_a_command_given_a_checkpoint_without_bert_weights_stops_naming_it(comma
 
 
 def test_weights_holding_nan_are_refused_on_load_naming_the_tensor(tmp_path):
-    from conftest import tiny_realm_config
+    from helpers import tiny_realm_config
 
     model = RealmEmbedder(tiny_realm_config())
     state = dict(model.state_dict())

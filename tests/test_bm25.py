@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, make_openqa_model
+from helpers import BLOCK_TEXTS, make_openqa_model
 
 from openrealm.trainers.bm25 import Bm25BlockSearcher
 from openrealm.trainers.world.synthetic_world import generate_world

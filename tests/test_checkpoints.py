@@ -14,15 +14,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import test_masked_lm
 import transformers
+from helpers import job_argv
 from transformers.trainer import TRAINER_STATE_NAME
 
 from openrealm.trainers import checkpoints
 from openrealm.trainers.cli import main
 
-corpus = test_masked_lm.corpus  # the module-scoped small-world corpus (117 one-block articles, 64 wordpieces)
-TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16"
 KILL_TIMEOUT = 120  # seconds for the child to import, build its model and reach the save of step 2
 # Runs `openrealm ARGV...` and stops forever inside the save of step 2, after the model file is written and before
 # the optimizer's: the parent kills it there (`kill -9` mid-save, at a fixed point).
@@ -42,16 +40,6 @@ def blocking(self, output_dir):
 transformers.Trainer._save_optimizer_and_scheduler = blocking
 sys.exit(main(sys.argv[2:]))
 """
-
-
-def job_argv(job: str, corpus: Path, output: Path, max_steps: int, kept: int = 5) -> list[str]:
-    """`openrealm train JOB` at a tiny size, saving a checkpoint every step and keeping `kept`."""
-    argv = ["train", job, "--corpus", str(corpus), "--init", "random", "--output", str(output), "--batch-size", "4"]
-    argv += ["--config-overrides", TINY, "--max-steps", str(max_steps), "--warmup-steps", "1", "--save-steps", "1"]
-    argv += ["--save-total-limit", str(kept)]
-    if job == "ict":
-        return argv + ["--no-progress", "--query-seq-len", "16", "--block-seq-len", "64"]
-    return argv + ["--quiet", "--max-seq-len", "64", "--eval-blocks", "0"]
 
 
 def checkpoint_names(output: Path) -> list[str]:
@@ -77,11 +65,11 @@ def count_steps(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("job", ["ict", "mlm"])
 def test_after_a_kill_during_a_save_resume_continues_from_the_newest_whole_checkpoint(
-    job, corpus, tmp_path, count_steps
+    job, quickstart_corpus, tmp_path, count_steps
 ):
     output, marker = tmp_path / "out", tmp_path / "saving"
     child = subprocess.Popen(
-        [sys.executable, "-c", BLOCKING_CHILD, str(marker), *job_argv(job, corpus, output, 1000)],
+        [sys.executable, "-c", BLOCKING_CHILD, str(marker), *job_argv(job, quickstart_corpus, output, 1000)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -95,7 +83,7 @@ def test_after_a_kill_during_a_save_resume_continues_from_the_newest_whole_check
     child.communicate()
     assert checkpoint_names(output) == ["checkpoint-1"]  # step 2's model file was written, but not as checkpoint-2
 
-    assert main(job_argv(job, corpus, output, 3) + ["--resume-from-checkpoint"]) == 0
+    assert main(job_argv(job, quickstart_corpus, output, 3) + ["--resume-from-checkpoint"]) == 0
     assert count_steps == [2, 3]  # resumed after step 1, not from scratch
     assert checkpoint_names(output) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
     assert json.loads((output / "checkpoint-3" / TRAINER_STATE_NAME).read_text())["global_step"] == 3
@@ -103,7 +91,9 @@ def test_after_a_kill_during_a_save_resume_continues_from_the_newest_whole_check
 
 
 @pytest.mark.parametrize("job", ["ict", "mlm"])
-def test_a_full_disk_during_a_save_leaves_no_checkpoint_of_that_step(job, corpus, tmp_path, monkeypatch, capsys):
+def test_a_full_disk_during_a_save_leaves_no_checkpoint_of_that_step(
+    job, quickstart_corpus, tmp_path, monkeypatch, capsys
+):
     output, save = tmp_path / "out", transformers.Trainer._save_optimizer_and_scheduler
 
     def disk_full_at_step_2(self, output_dir):
@@ -112,18 +102,19 @@ def test_a_full_disk_during_a_save_leaves_no_checkpoint_of_that_step(job, corpus
         return save(self, output_dir)
 
     monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", disk_full_at_step_2)
-    assert main(job_argv(job, corpus, output, 3)) == 1
+    assert main(job_argv(job, quickstart_corpus, output, 3)) == 1
     assert "openrealm: error: " in capsys.readouterr().err
     assert checkpoint_names(output) == ["checkpoint-1"]
     assert hidden_entries(output) == []  # the staging folder of step 2 went with the failure
 
 
-def test_rotation_never_removes_the_checkpoint_just_written(corpus, tmp_path):
+def test_rotation_never_removes_the_checkpoint_just_written(quickstart_corpus, tmp_path):
     output = tmp_path / "out"
-    assert main(job_argv("ict", corpus, output, 3)) == 0
+    assert main(job_argv("ict", quickstart_corpus, output, 3)) == 0
     shutil.rmtree(output / "checkpoint-2")
     # Resumed from step 1 beside a newer checkpoint-3, keeping one: step 2's checkpoint is the one just written.
-    resumed = job_argv("ict", corpus, output, 2, kept=1) + ["--resume-from-checkpoint", str(output / "checkpoint-1")]
+    resumed = job_argv("ict", quickstart_corpus, output, 2, kept=1)
+    resumed += ["--resume-from-checkpoint", str(output / "checkpoint-1")]
     assert main(resumed) == 0
     assert checkpoint_names(output) == ["checkpoint-2", "checkpoint-3"]
     assert json.loads((output / "checkpoint-2" / TRAINER_STATE_NAME).read_text())["global_step"] == 2

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BLOCK_TEXTS, fixture_folder, make_openqa_model
+from helpers import BLOCK_TEXTS, fixture_folder, make_openqa_model
 
 from openrealm.trainers import cli
 from openrealm.trainers.cli import main

@@ -1,16 +1,16 @@
 """What a job prints: by default one progress bar and one summary line per stage; --quiet only the summary;
---verbose the libraries' inner bars and the Trainer's logged metrics as well. Run as a user runs it (a fresh process)."""
+--verbose the libraries' inner bars and the Trainer's logged metrics as well. Run as a user runs it (a fresh
+process)."""
 
 import subprocess
 import sys
 
 import pytest
+from helpers import TINY
 from transformers import BertTokenizerFast
 
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers.world.synthetic_world import generate_world
-
-TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16"
 
 
 def openrealm(*argv: str) -> subprocess.CompletedProcess:
@@ -83,7 +83,8 @@ def test_a_job_run_in_process_leaves_the_libraries_logging_as_it_was(world_files
     before = (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
               datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled())  # fmt: skip
     assert main(["corpus", "build", "--input", str(world_files / "world" / "articles.jsonl"), "--output",
-                 str(world_files / "corpus-in-process"), "--tokenizer", str(world_files / "tok"), "--quiet"]) == 0  # fmt: skip
+                 str(world_files / "corpus-in-process"), "--tokenizer", str(world_files / "tok"),
+                 "--quiet"]) == 0  # fmt: skip
     assert (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled(),
             datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()) == before  # fmt: skip
 

@@ -357,7 +357,8 @@ def test_cli_builds_a_corpus_from_jsonl_with_date_spans(tmp_path, tokenizer, cap
 def test_cli_default_flags_mark_the_dates_of_a_block(tmp_path, tokenizer):
     tokenizer.save_pretrained(tmp_path / "tok")
     rows = [{"title": "tom", "text": "Tom was born in March 1912. Jerry was born on 4 March 1920 in Paris."}]
-    args = cli_args("--input", write_jsonl(tmp_path / "a.jsonl", rows), "--output", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"))  # fmt: skip
+    args = cli_args("--input", write_jsonl(tmp_path / "a.jsonl", rows), "--output", str(tmp_path / "c"),
+                    "--tokenizer", str(tmp_path / "tok"))  # fmt: skip
     assert run(args) == 0
     row = load_corpus(tmp_path / "c")[0]
     spans = [row["text"][s:e] for s, e in zip(row["span_char_starts"], row["span_char_ends"])]
@@ -368,7 +369,8 @@ def test_cli_default_flags_mark_the_dates_of_a_block(tmp_path, tokenizer):
 def test_cli_none_builds_a_corpus_without_spans(tmp_path, tokenizer):
     tokenizer.save_pretrained(tmp_path / "tok")
     rows = [{"title": "tom", "text": "Tom was born in March 1912."}]
-    args = cli_args("--input", write_jsonl(tmp_path / "a.jsonl", rows), "--output", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"), "--spans", "none")  # fmt: skip
+    args = cli_args("--input", write_jsonl(tmp_path / "a.jsonl", rows), "--output", str(tmp_path / "c"),
+                    "--tokenizer", str(tmp_path / "tok"), "--spans", "none")  # fmt: skip
     assert run(args) == 0
     assert load_corpus(tmp_path / "c")[0]["span_char_starts"] == []
     assert json.loads((tmp_path / "c" / "corpus_config.json").read_text())["span_annotators"] == []
@@ -466,7 +468,8 @@ def test_a_block_repeated_inside_one_article_is_a_duplicate(tmp_path, tokenizer)
 
 
 def test_same_text_under_another_title_is_not_a_duplicate(tmp_path, tokenizer):
-    blocks = build_corpus(articles(("paris", "Paris is a city."), ("london", "Paris is a city.")), tmp_path / "c", tokenizer)  # fmt: skip
+    same_text = articles(("paris", "Paris is a city."), ("london", "Paris is a city."))
+    blocks = build_corpus(same_text, tmp_path / "c", tokenizer)
     assert len(blocks) == 2
 
 

@@ -1,9 +1,8 @@
-"""A living corpus (issue 17 §1): `openrealm corpus add | remove | update` write a new version of a corpus folder or
-a model folder without re-embedding it; added blocks take the next ids and the index's embedder snapshot, removed
-blocks are never retrieved again by any index type, the ids that stay never change, a kill -9 leaves the previous
-version whole, and a running model or pipeline picks the new version up."""
+"""A living corpus (docs/corpus.md, "Adding, updating and removing documents"): `openrealm corpus add | remove |
+update` write a new version of a corpus folder or a model folder without re-embedding it; added blocks take the next
+ids and the index's embedder snapshot, removed blocks are never retrieved again by any index type, the ids that stay
+never change, a kill -9 leaves the previous version whole, and a running model or pipeline picks the new version up."""
 
-import json
 import os
 import shutil
 import signal
@@ -14,21 +13,23 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, make_openqa_model
-from test_index_builder import TEXTS, TITLES, direct_embedding, tiny_embedder, write_corpus
+from helpers import (
+    BLOCK_TEXTS,
+    FACT,
+    TEXTS,
+    TITLES,
+    direct_embedding,
+    make_openqa_model,
+    tiny_embedder,
+    write_corpus,
+    write_jsonl,
+)
 
 from openrealm import RealmBlockIndex, RealmForOpenQA, RealmRetriever
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
 from openrealm.trainers.cli import main
 from openrealm.trainers.corpus_edit import edit_corpus
 from openrealm.trainers.indexing import build_index
-
-FACT = {"title": "zorblax", "text": "zorblax is a fictional moon of saturn , found in 2031 by the kepler team ."}
-
-
-def write_jsonl(path, articles) -> str:
-    path.write_text("".join(json.dumps(article) + "\n" for article in articles))
-    return str(path)
 
 
 @pytest.fixture
@@ -304,8 +305,8 @@ def test_add_with_no_deduplicate_keeps_the_repeated_block_counts_it_and_warns(in
 
 
 def test_edits_follow_the_corpus_deduplicate_setting_and_recount_its_live_duplicates(tmp_path):
-    from conftest import fixture_tokenizer
     from datasets import Dataset
+    from helpers import fixture_tokenizer
 
     from openrealm.tokenization.corpus import build_corpus
 

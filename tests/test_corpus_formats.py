@@ -10,8 +10,8 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_model
 from datasets import Dataset, DatasetDict
+from helpers import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_model
 
 from openrealm import BlockRecords, RealmRetriever
 from openrealm.tokenization.corpus import build_corpus, load_corpus, read_corpus_config
@@ -54,7 +54,7 @@ def titles_and_texts(blocks) -> list[tuple[str, str]]:
 EXPECTED = [(row["title"], row["text"]) for row in ROWS]
 
 
-# --- Every layout gives the blocks the same rows give as JSONL ---------------------------------------------------------
+# --- Every layout gives the blocks the same rows give as JSONL -------------------------------------------------------
 
 
 def test_jsonl_parquet_csv_tsv_and_a_saved_dataset_give_the_same_blocks(tmp_path):
@@ -139,7 +139,7 @@ def test_a_hub_id_is_loaded_with_its_configuration_and_split(tmp_path, monkeypat
     assert titles_and_texts(blocks) == EXPECTED
 
 
-# --- Passages as blocks -----------------------------------------------------------------------------------------------
+# --- Passages as blocks ----------------------------------------------------------------------------------------------
 
 
 def test_passages_as_blocks_keep_one_block_each_with_its_id_in_blocks_and_records(tmp_path):
@@ -302,7 +302,7 @@ def test_a_glob_matching_nothing_is_refused(tmp_path, capsys):
     assert_refused(capsys, build_argv(str(tmp_path / "*.parquet"), out), out, "no file matches")
 
 
-# --- A user's road: DPR's TSV -> corpus build --passages-as-blocks -> index build -> ask -------------------------------
+# --- A user's road: DPR's TSV -> corpus build --passages-as-blocks -> index build -> ask -----------------------------
 
 
 def test_cli_walk_from_a_dpr_tsv_to_answers_naming_their_passage_ids(tmp_path, capsys):

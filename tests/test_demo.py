@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, make_openqa_model
+from helpers import BLOCK_TEXTS, make_openqa_model
 from transformers import pipeline
 
 import openrealm  # noqa: F401 - registers the question-answering pipeline

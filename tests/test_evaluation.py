@@ -1,5 +1,6 @@
-"""Open-QA evaluation (spec §6.6): answer normalisation, exact/regex match, recall@k and reader-oracle on a tiny model,
-QA datasets (NQ-open, WebQuestions, CuratedTrec from ../shared/data), the `evaluate` metric and `openrealm evaluate`."""
+"""Open-QA evaluation as ORQA's language/orqa/utils/eval_utils.py does it: answer normalisation, exact/regex match,
+recall@k and reader-oracle on a tiny model, QA datasets (NQ-open, WebQuestions, CuratedTrec from ../shared/data), the
+`evaluate` metric and `openrealm evaluate`."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import evaluate
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, make_openqa_model
+from helpers import BLOCK_TEXTS, make_openqa_model
 
 from openrealm.trainers.bm25 import Bm25BlockSearcher
 from openrealm.trainers.cli import main

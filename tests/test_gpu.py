@@ -3,13 +3,12 @@ and a pre-training run whose index is rebuilt by an asynchronous builder process
 CUDA (benchmarks/gpu_suite.sh runs them on a lent GPU)."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from conftest import assert_same_top_k, small_world_corpus
+from helpers import TINY_PRETRAIN, assert_same_top_k
 from transformers import TrainerCallback
 
 from openrealm import RealmConfig, RealmEmbedder
@@ -19,8 +18,6 @@ from openrealm.trainers.embedding import embed_corpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICE = "cuda"
-TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,retriever_proj_size=16,"
-TINY += "max_position_embeddings=384"
 BF16_RELATIVE_ERROR = 3e-2  # bf16 keeps 8 bits of mantissa (3e-3 per value); two layers compound it
 
 
@@ -85,12 +82,6 @@ def test_bfloat16_block_embeddings_on_cuda_agree_with_float32_on_the_cpu():
     assert relative_error < BF16_RELATIVE_ERROR, relative_error
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """conftest.small_world_corpus: 58 one-block articles, dates as salient spans."""
-    return small_world_corpus(tmp_path_factory.mktemp("world"))
-
-
 class DeviceRecorder(TrainerCallback):
     def __init__(self):
         self.devices: set[str] = set()
@@ -99,11 +90,12 @@ class DeviceRecorder(TrainerCallback):
         self.devices.add(next(model.parameters()).device.type)
 
 
-def test_pretraining_on_cuda_swaps_in_indexes_built_by_an_async_builder_on_the_same_gpu(corpus, tmp_path):
+def test_pretraining_on_cuda_swaps_in_indexes_built_by_an_async_builder_on_the_same_gpu(world_corpus, tmp_path):
     output = tmp_path / "out"
-    argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
+    argv = ["--corpus", str(world_corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
     argv += ["--max-steps", "9", "--refresh-every", "3", "--refresh-mode", "async", "--refresh-lag", "2"]
-    argv += ["--batch-size", "4", "--logging-steps", "1", "--config-overrides", TINY, "--no-progress", "--bf16"]
+    argv += ["--batch-size", "4", "--logging-steps", "1", "--config-overrides", TINY_PRETRAIN]
+    argv += ["--no-progress", "--bf16"]
     parser = pretrain.argparse.ArgumentParser()
     pretrain.train_pretrain(parser)
     recorder = DeviceRecorder()

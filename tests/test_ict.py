@@ -1,4 +1,5 @@
-"""ICT warm start: examples (Google §5), the in-batch loss over the global batch, training with Trainer, recall."""
+"""ICT warm start (ORQA's language/orqa/datasets/ict_dataset.py and models/ict_model.py): examples, the in-batch loss
+over the global batch, training with Trainer, recall."""
 
 import json
 import os
@@ -11,8 +12,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import fixture_folder, fixture_tokenizer, tiny_realm_config
 from datasets import Dataset
+from helpers import (
+    BLOCK_TEXTS,
+    TITLES,
+    fixture_folder,
+    fixture_tokenizer,
+    tiny_fields,
+    tiny_overrides,
+    tiny_realm_config,
+    write_corpus,
+)
 from transformers import AutoTokenizer, BertConfig, BertModel, EvalPrediction
 
 from openrealm import RealmConfig, RealmEmbedder, RealmTokenizer
@@ -25,10 +35,19 @@ from openrealm.trainers.stage_utils import google_warmup_steps, parse_config_ove
 from openrealm.trainers.world.synthetic_world import generate_world
 
 CLS, SEP = 3, 4  # the fixture tokenizer's [CLS] and [SEP]
-# A tiny random embedder that learns ICT in a few hundred CPU steps. Dropout is off: with Google's dropout (0.1 in BERT
-# and on the LayerNorm-ed embedding, no temperature) a random tiny model does not learn in such a budget.
-TINY = "hidden_size=64,num_hidden_layers=2,num_attention_heads=4,intermediate_size=256,retriever_proj_size=32,"
-TINY += "hidden_dropout_prob=0,attention_probs_dropout_prob=0,max_position_embeddings=288"
+# A small random embedder, wider and deeper than the tiny towers, that learns ICT in a few hundred CPU steps. Dropout
+# is off: with Google's dropout (0.1 in BERT and on the LayerNorm-ed embedding, no temperature) a random tiny model
+# does not learn in such a budget.
+LEARNER = tiny_overrides(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=256,
+    retriever_proj_size=32,
+    hidden_dropout_prob=0,
+    attention_probs_dropout_prob=0,
+    max_position_embeddings=288,
+)
 
 
 def row(title: list[int], *sentences: list[int]) -> dict:
@@ -48,7 +67,7 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def world_corpus(tmp_path_factory) -> Path:
+def ict_corpus(tmp_path_factory) -> Path:
     """The synthetic world (seed 0: 288 articles of 1-18 sentences, one block each) as a knowledge corpus with its own
     WordPiece vocabulary."""
     root = tmp_path_factory.mktemp("world")
@@ -71,7 +90,7 @@ def one_thread():
 def train_args(corpus: Path, output: Path, *extra: str) -> list[str]:
     return [
         "train", "ict", "--corpus", str(corpus), "--init", "random", "--output", str(output), "--batch-size", "8",
-        "--config-overrides", TINY, "--embedding-dropout", "0", "--no-progress", *extra,
+        "--config-overrides", LEARNER, "--embedding-dropout", "0", "--no-progress", *extra,
     ]  # fmt: skip
 
 
@@ -231,8 +250,7 @@ def test_two_processes_score_every_query_against_both_processes_blocks(tmp_path,
 
 def tiny_embedder(seed: int = 0) -> RealmEmbedder:
     torch.manual_seed(seed)
-    return RealmEmbedder(RealmConfig(vocab_size=158, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=37, retriever_proj_size=16))  # fmt: skip
+    return RealmEmbedder(RealmConfig(vocab_size=158, **tiny_fields(intermediate_size=37)))
 
 
 def test_ict_model_wraps_the_embedder_unchanged_and_freezes_only_its_mlm_head():
@@ -274,11 +292,12 @@ def test_google_warmup_formula():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_init_from_a_bert_checkpoint_loads_its_encoder(world_corpus, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(world_corpus)
+def test_init_from_a_bert_checkpoint_loads_its_encoder(ict_corpus, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(ict_corpus)
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                intermediate_size=37))  # fmt: skip
+    bert = BertModel(
+        BertConfig(vocab_size=len(tokenizer), **tiny_fields(intermediate_size=37, retriever_proj_size=None))
+    )
     bert.save_pretrained(tmp_path / "bert")
     embedder = towers.load_embedder(str(tmp_path / "bert"), tokenizer, {"retriever_proj_size": 16})
     torch.testing.assert_close(
@@ -288,8 +307,8 @@ def test_init_from_a_bert_checkpoint_loads_its_encoder(world_corpus, tmp_path):
     towers.check_tokenizer(embedder, tokenizer, str(tmp_path / "bert"), "--init")
 
 
-def test_a_model_with_another_vocabulary_is_refused(world_corpus, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(world_corpus)
+def test_a_model_with_another_vocabulary_is_refused(ict_corpus, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(ict_corpus)
     other = fixture_folder("embedder", "safetensors")  # a RealmEmbedder with its own 158-token vocabulary
     embedder = towers.load_embedder(str(other), tokenizer)
     with pytest.raises(ValueError, match="embeds only 158"):
@@ -297,7 +316,7 @@ def test_a_model_with_another_vocabulary_is_refused(world_corpus, tmp_path):
     small = fixture_tokenizer()
     same_size = towers.load_embedder("random", small, {"hidden_size": 32, "num_attention_heads": 2})
     same_size.save_pretrained(tmp_path / "own")
-    AutoTokenizer.from_pretrained(world_corpus).save_pretrained(tmp_path / "own")
+    AutoTokenizer.from_pretrained(ict_corpus).save_pretrained(tmp_path / "own")
     with pytest.raises(ValueError, match="vocabulary differs"):
         towers.check_tokenizer(same_size, small, str(tmp_path / "own"), "--init")
 
@@ -319,11 +338,11 @@ def test_a_sequence_length_the_user_chose_beyond_the_model_is_refused_naming_the
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_recall_matches_a_brute_force_ranking(world_corpus, one_thread):
-    tokenizer = AutoTokenizer.from_pretrained(world_corpus)
-    embedder = towers.load_embedder("random", tokenizer, parse_config_overrides(TINY), seed=0)
-    blocks = load_corpus(world_corpus)
-    result = ict.evaluate_retrieval(embedder, world_corpus, tokenizer, num_queries=100, k=5, seed=3)
+def test_recall_matches_a_brute_force_ranking(ict_corpus, one_thread):
+    tokenizer = AutoTokenizer.from_pretrained(ict_corpus)
+    embedder = towers.load_embedder("random", tokenizer, parse_config_overrides(LEARNER), seed=0)
+    blocks = load_corpus(ict_corpus)
+    result = ict.evaluate_retrieval(embedder, ict_corpus, tokenizer, num_queries=100, k=5, seed=3)
 
     own, queries, removed = ict.sample_sentence_queries(blocks, 100, 3, tokenizer)
     query_emb = embed_queries(embedder, *ict.pad_rows(queries, tokenizer.pad_token_id)).cpu()
@@ -345,21 +364,21 @@ def test_recall_matches_a_brute_force_ranking(world_corpus, one_thread):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_train_ict_saves_a_loadable_embedder_and_resumes(world_corpus, tmp_path, one_thread, capsys, monkeypatch):
+def test_train_ict_saves_a_loadable_embedder_and_resumes(ict_corpus, tmp_path, one_thread, capsys, monkeypatch):
     pushed = []
     monkeypatch.setattr(RealmEmbedder, "push_to_hub", lambda self, repo, **kwargs: pushed.append(("model", repo)))
     monkeypatch.setattr(RealmTokenizer, "push_to_hub", lambda self, repo, **kwargs: pushed.append(("tokenizer", repo)))
     output = tmp_path / "ict"
     extra = ["--warmup-steps", "1", "--save-steps", "2", "--eval-steps", "2", "--eval-blocks", "16"]
     first = ["--max-steps", "2", "--eval-queries", "20", "--push-to-hub", "me/ict"]
-    assert main([*train_args(world_corpus, output, *first, *extra)]) == 0
+    assert main([*train_args(ict_corpus, output, *first, *extra)]) == 0
     embedder = RealmEmbedder.from_pretrained(output)
     assert embedder.config.hidden_size == 64 and embedder.config.retriever_proj_size == 32
-    assert AutoTokenizer.from_pretrained(output).get_vocab() == AutoTokenizer.from_pretrained(world_corpus).get_vocab()
+    assert AutoTokenizer.from_pretrained(output).get_vocab() == AutoTokenizer.from_pretrained(ict_corpus).get_vocab()
     summary = json.loads((output / "ict_training.json").read_text())
     assert summary["global_batch_size"] == 8 and summary["max_steps"] == 2
     assert summary["retrieval"]["num_queries"] == 20 and summary["retrieval"]["num_blocks"] == len(
-        load_corpus(world_corpus)
+        load_corpus(ict_corpus)
     )
     printed = capsys.readouterr().out.splitlines()[-1]
     assert printed.startswith(f"ICT: saved the RealmEmbedder to {output} (train loss ")
@@ -367,9 +386,9 @@ def test_train_ict_saves_a_loadable_embedder_and_resumes(world_corpus, tmp_path,
     assert pushed == [("model", "me/ict"), ("tokenizer", "me/ict")]
 
     capsys.readouterr()
-    assert main([*train_args(world_corpus, output, "--max-steps", "4", *extra)]) == 2  # bad input: exit 2
+    assert main([*train_args(ict_corpus, output, "--max-steps", "4", *extra)]) == 2  # bad input: exit 2
     assert f"openrealm: error: output folder {output} is not empty" in capsys.readouterr().err
-    assert main([*train_args(world_corpus, output, "--max-steps", "4", *extra, "--resume-from-checkpoint")]) == 0
+    assert main([*train_args(ict_corpus, output, "--max-steps", "4", *extra, "--resume-from-checkpoint")]) == 0
     state = json.loads((output / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4 and state["log_history"][0]["step"] == 2  # the first run's evaluation
     # exact: any change at all means the run trained
@@ -377,11 +396,11 @@ def test_train_ict_saves_a_loadable_embedder_and_resumes(world_corpus, tmp_path,
 
 
 @pytest.mark.slow
-def test_two_processes_under_accelerate_train_on_global_batches(world_corpus, tmp_path):
+def test_two_processes_under_accelerate_train_on_global_batches(ict_corpus, tmp_path):
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "openrealm",
-        *train_args(world_corpus, tmp_path / "ict", "--max-steps", "2", "--warmup-steps", "1", "--save-steps", "0"),
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "openrealm",
+        *train_args(ict_corpus, tmp_path / "ict", "--max-steps", "2", "--warmup-steps", "1", "--save-steps", "0"),
     ]  # fmt: skip
     # `--cpu` would make accelerate start one process; with no visible GPU, --multi_gpu runs torchrun + gloo on CPU.
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -394,19 +413,19 @@ def test_two_processes_under_accelerate_train_on_global_batches(world_corpus, tm
 
 
 @pytest.mark.slow
-def test_ict_on_the_synthetic_world_finds_a_sentences_own_block(world_corpus, tmp_path, one_thread):
-    """§6: from a tiny random model, ICT raises the recall@5 of a sentence's own block among the world's 288 blocks
+def test_ict_on_the_synthetic_world_finds_a_sentences_own_block(ict_corpus, tmp_path, one_thread):
+    """From a small random model, ICT raises the recall@5 of a sentence's own block among the world's 288 blocks
     from chance (5/288 = 0.017) to far above it. Measured (sentence kept / removed from its block): untrained 0.031 /
     0.008, trained 0.82 / 0.89 with this seed; over training seeds 0-4 untrained <= 0.04, trained 0.81-0.86 /
     0.89-0.92 (another world, seed 1: 0.79-0.83 / 0.85-0.88)."""
-    tokenizer = AutoTokenizer.from_pretrained(world_corpus)
-    untrained = towers.load_embedder("random", tokenizer, parse_config_overrides(TINY), seed=0)
-    before = ict.evaluate_retrieval(untrained, world_corpus, tokenizer, num_queries=288, k=5, seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(ict_corpus)
+    untrained = towers.load_embedder("random", tokenizer, parse_config_overrides(LEARNER), seed=0)
+    before = ict.evaluate_retrieval(untrained, ict_corpus, tokenizer, num_queries=288, k=5, seed=0)
     steps = ["--max-steps", "120", "--batch-size", "32", "--learning-rate", "1e-3", "--warmup-steps", "12"]
-    args = train_args(world_corpus, tmp_path / "ict", *steps, "--save-steps", "0", "--logging-steps", "40")
+    args = train_args(ict_corpus, tmp_path / "ict", *steps, "--save-steps", "0", "--logging-steps", "40")
     assert main(args) == 0
     trained = RealmEmbedder.from_pretrained(tmp_path / "ict")
-    after = ict.evaluate_retrieval(trained, world_corpus, tokenizer, num_queries=288, k=5, seed=0)
+    after = ict.evaluate_retrieval(trained, ict_corpus, tokenizer, num_queries=288, k=5, seed=0)
 
     assert after["chance"] < 0.05  # at least 100 blocks to choose from (seed 0: 288)
     assert before["recall_sentence_kept"] < 0.1 and before["recall_sentence_removed"] < 0.1
@@ -416,9 +435,6 @@ def test_ict_on_the_synthetic_world_finds_a_sentences_own_block(world_corpus, tm
 
 def one_sentence_corpus(directory: Path) -> Path:
     """Six blocks of one sentence each (the fixture tokenizer's BLOCK_TEXTS)."""
-    from conftest import BLOCK_TEXTS
-    from test_index_builder import TITLES, write_corpus
-
     return write_corpus(directory, titles=TITLES[:6], texts=BLOCK_TEXTS)
 
 
@@ -447,9 +463,6 @@ def test_ict_summary_line_warns_when_most_examples_are_dropped(tmp_path, capsys)
 
 @pytest.mark.parametrize("num_blocks, batch_size", [(1, 1), (6, 1)])
 def test_ict_refuses_a_global_batch_of_one_block_whose_loss_is_always_zero(tmp_path, capsys, num_blocks, batch_size):
-    from conftest import BLOCK_TEXTS
-    from test_index_builder import TITLES, write_corpus
-
     texts = [" ".join(BLOCK_TEXTS[i:] + BLOCK_TEXTS[:i]) for i in range(num_blocks)]  # six sentences each
     corpus = write_corpus(tmp_path / "corpus", titles=TITLES[:num_blocks], texts=texts)
     argv = train_args(corpus, tmp_path / "ict", "--max-steps", "1", "--batch-size", str(batch_size))

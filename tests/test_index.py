@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_top_k
+from helpers import assert_same_top_k, duplicated_integer_blocks
 from safetensors.torch import save_file
 
 from openrealm import index_realm
@@ -79,15 +79,6 @@ def test_chunked_exact_equals_unchunked(data):
     for chunk_size in (333, 3):
         # other chunk shapes, other kernels: the same ids, the scores to float32 rounding
         assert_same_top_k(torch_exact_search(blocks, queries, 7, chunk_size=chunk_size), (scores, ids))
-
-
-def duplicated_integer_blocks(num_blocks: int = 40, dim: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocks of small integers in which block 5 appears 6 times (ids 5, 11, 12, 23, 30, 38), and a query equal to it:
-    inner products of small integers are exact in float32 on every kernel, so the copies tie exactly."""
-    g = torch.Generator().manual_seed(0)
-    blocks = torch.randint(-3, 4, (num_blocks, dim), generator=g).float()
-    blocks[[11, 12, 23, 30, 38]] = blocks[5].clone()
-    return blocks, blocks[5:6].clone()
 
 
 @pytest.mark.parametrize("chunk_size", [None, 7, 3, 1])

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, tiny_realm_config
-from datasets import Dataset
+from helpers import TEXTS, TITLES, direct_embedding, fixture_folder, fixture_tokenizer, tiny_embedder, write_corpus
 from transformers import BertConfig, BertModel
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever, RealmScorer
-from openrealm.tokenization.corpus import block_retriever_inputs, build_corpus, load_corpus
+from openrealm.tokenization.corpus import load_corpus
 from openrealm.trainers import indexing, stage_utils
 from openrealm.trainers.cli import main as openrealm_main
 from openrealm.trainers.embedding import embed_corpus, shard_range
@@ -24,36 +23,10 @@ from openrealm.trainers.indexing import build_index, latest_index_dir, list_vers
 from openrealm.trainers.stage_utils import leave_process_group
 from openrealm.trainers.towers import load_embedder
 
-# Titles of different lengths and one long body, so batches mix lengths and padding.
-TITLES = ["the nile", "paris", "london city", "alan turing", "the river thames", "paris", "science"]
-TEXTS = [*BLOCK_TEXTS, " ".join(BLOCK_TEXTS)]
-
-
-def write_corpus(directory: Path, titles=TITLES, texts=TEXTS) -> Path:
-    """A knowledge corpus folder (openrealm corpus build) with one block per article."""
-    build_corpus(Dataset.from_dict({"title": titles, "text": texts}), directory, fixture_tokenizer())
-    return directory
-
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     return write_corpus(tmp_path / "corpus")
-
-
-def tiny_embedder(seed: int = 0, **overrides) -> RealmEmbedder:
-    torch.manual_seed(seed)
-    return RealmEmbedder(tiny_realm_config(max_position_embeddings=288, **overrides)).eval()
-
-
-def direct_embedding(embedder: RealmEmbedder, title: str, text: str) -> torch.Tensor:
-    """One block, unpadded, straight through the embedder -> [P]."""
-    tokenizer = fixture_tokenizer()
-    title_ids, token_ids = (tokenizer(s, add_special_tokens=False)["input_ids"] for s in (title, text))
-    inputs = block_retriever_inputs(title_ids, token_ids, tokenizer, max_length=288)
-    with torch.no_grad():
-        return embedder(
-            input_ids=torch.tensor([inputs["input_ids"]]), token_type_ids=torch.tensor([inputs["token_type_ids"]])
-        ).projected_score[0]
 
 
 @pytest.mark.parametrize("sort_by_length", [True, False], ids=["sorted", "block-order"])
@@ -285,8 +258,9 @@ def test_two_processes_under_accelerate_join_to_the_single_process_embeddings(co
     embedder = tiny_embedder()
     embedder.save_pretrained(tmp_path / "embedder")
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "openrealm", "index", "build",
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "-m", "openrealm", "index", "build",
         "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output", str(tmp_path / "index"),
         "--batch-size", "2", "--quiet",
     ]  # fmt: skip
@@ -358,8 +332,9 @@ def test_a_builder_whose_trainer_was_killed_exits_without_writing_a_version(corp
     # The stand-in trainer starts the builder as the async refresh does (with its own pid), then dies by SIGKILL.
     trainer = (
         "import os, signal, subprocess, sys\n"
-        "builder = subprocess.Popen([sys.executable, '-m', 'openrealm.trainers.pretraining.builder', '--embedder', sys.argv[1],"
-        " '--corpus', sys.argv[2], '--output', sys.argv[3], '--quiet', '--parent-pid', str(os.getpid())])\n"
+        "builder = subprocess.Popen([sys.executable, '-m', 'openrealm.trainers.pretraining.builder',"
+        " '--embedder', sys.argv[1], '--corpus', sys.argv[2], '--output', sys.argv[3], '--quiet',"
+        " '--parent-pid', str(os.getpid())])\n"
         "print(builder.pid, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )

@@ -7,48 +7,34 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
+from helpers import tiny_fields, tiny_overrides
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from openrealm import RealmKnowledgeAugEncoder
-from openrealm.tokenization.corpus import build_corpus, load_corpus
-from openrealm.tokenization.vocab import train_wordpiece_vocab
+from openrealm.tokenization.corpus import load_corpus
 from openrealm.trainers import cli, towers
 from openrealm.trainers.masked_lm import CorpusBlocks, MaskedLmModel, collator, evaluate
-from openrealm.trainers.quickstart import WORLD
-from openrealm.trainers.world.synthetic_world import generate_world
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """The quickstart's small world (117 articles, one block each) as a corpus with its own 1,000-wordpiece vocabulary."""
-    root = tmp_path_factory.mktemp("mlm")
-    world = generate_world(seed=0, **WORLD)
-    vocab = train_wordpiece_vocab(world.texts(), root / "vocab", vocab_size=1000)
-    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
-    build_corpus(articles, root / "corpus", vocab, max_block_length=64)
-    return root / "corpus"
-
-
-@pytest.fixture(scope="module")
-def headless_bert(corpus, tmp_path_factory) -> Path:
+def headless_bert(quickstart_corpus, tmp_path_factory) -> Path:
     """A small BERT saved as a bare BertModel (no MLM head), as a sentence-transformers folder is."""
     folder = tmp_path_factory.mktemp("bert") / "bert"
-    tokenizer = AutoTokenizer.from_pretrained(corpus)
+    tokenizer = AutoTokenizer.from_pretrained(quickstart_corpus)
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)  # fmt: skip
+    config = BertConfig(
+        vocab_size=len(tokenizer), **tiny_fields(retriever_proj_size=None, max_position_embeddings=128)
+    )
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
-def test_the_loss_is_berts_cross_entropy_over_the_chosen_positions_only(corpus):
-    tokenizer = AutoTokenizer.from_pretrained(corpus)
-    encoder = towers.load_encoder("random", tokenizer, {"hidden_size": 32, "num_hidden_layers": 1,
-                                                        "num_attention_heads": 2, "intermediate_size": 64})  # fmt: skip
-    rows = [CorpusBlocks(load_corpus(corpus), tokenizer, 64)[i] for i in range(4)]
+def test_the_loss_is_berts_cross_entropy_over_the_chosen_positions_only(quickstart_corpus):
+    tokenizer = AutoTokenizer.from_pretrained(quickstart_corpus)
+    encoder = towers.load_encoder("random", tokenizer, tiny_fields(retriever_proj_size=None))
+    rows = [CorpusBlocks(load_corpus(quickstart_corpus), tokenizer, 64)[i] for i in range(4)]
     batch = collator(tokenizer, seed=0)(rows)
     assert (batch["labels"] != -100).any()
     out = MaskedLmModel(encoder).eval()(**batch)
@@ -59,9 +45,9 @@ def test_the_loss_is_berts_cross_entropy_over_the_chosen_positions_only(corpus):
     torch.testing.assert_close(out.loss, expected)
 
 
-def test_bert_masking_never_chooses_special_tokens_or_padding(corpus):
-    tokenizer = AutoTokenizer.from_pretrained(corpus)
-    dataset = CorpusBlocks(load_corpus(corpus), tokenizer, 64)
+def test_bert_masking_never_chooses_special_tokens_or_padding(quickstart_corpus):
+    tokenizer = AutoTokenizer.from_pretrained(quickstart_corpus)
+    dataset = CorpusBlocks(load_corpus(quickstart_corpus), tokenizer, 64)
     batch = collator(tokenizer, seed=1)([dataset[i] for i in range(32)])
     chosen = batch["labels"] != -100
     special = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}
@@ -70,9 +56,9 @@ def test_bert_masking_never_chooses_special_tokens_or_padding(corpus):
     assert 0.10 < float(rate) < 0.20  # BERT's 15%
 
 
-def test_removed_blocks_are_not_trained_on(corpus):
-    tokenizer = AutoTokenizer.from_pretrained(corpus)
-    blocks = load_corpus(corpus)
+def test_removed_blocks_are_not_trained_on(quickstart_corpus):
+    tokenizer = AutoTokenizer.from_pretrained(quickstart_corpus)
+    blocks = load_corpus(quickstart_corpus)
     dataset = CorpusBlocks(blocks, tokenizer, 64, removed={0, 5})
     assert len(dataset) == len(blocks) - 2
     assert 0 not in dataset.ids and 5 not in dataset.ids
@@ -81,11 +67,11 @@ def test_removed_blocks_are_not_trained_on(corpus):
 
 
 def test_train_mlm_from_a_headless_bert_learns_and_saves_the_pretraining_encoder(
-    corpus, headless_bert, tmp_path, caplog
+    quickstart_corpus, headless_bert, tmp_path, caplog
 ):
     output = tmp_path / "encoder"
     argv = [
-        "train", "mlm", "--corpus", str(corpus), "--init", str(headless_bert), "--output", str(output),
+        "train", "mlm", "--corpus", str(quickstart_corpus), "--init", str(headless_bert), "--output", str(output),
         "--max-steps", "60", "--batch-size", "16", "--learning-rate", "2e-3", "--warmup-steps", "5",
         "--max-seq-len", "64", "--eval-blocks", "64", "--quiet",
     ]  # fmt: skip
@@ -114,11 +100,11 @@ def test_train_mlm_from_a_headless_bert_learns_and_saves_the_pretraining_encoder
                            start.encoder.layer[0].output.dense.weight)  # fmt: skip
 
 
-def test_train_mlm_refuses_a_non_empty_output(corpus, headless_bert, tmp_path, capsys):
+def test_train_mlm_refuses_a_non_empty_output(quickstart_corpus, headless_bert, tmp_path, capsys):
     output = tmp_path / "encoder"
     output.mkdir()
     (output / "notes.txt").write_text("mine")
-    argv = ["train", "mlm", "--corpus", str(corpus), "--init", str(headless_bert), "--output", str(output),
+    argv = ["train", "mlm", "--corpus", str(quickstart_corpus), "--init", str(headless_bert), "--output", str(output),
             "--max-steps", "1", "--quiet"]  # fmt: skip
     assert cli.main(argv) != 0
     assert f"output folder {output} is not empty" in capsys.readouterr().err
@@ -127,16 +113,15 @@ def test_train_mlm_refuses_a_non_empty_output(corpus, headless_bert, tmp_path, c
 
 def tiny_encoder(corpus) -> RealmKnowledgeAugEncoder:
     tokenizer = AutoTokenizer.from_pretrained(corpus)
-    return towers.load_encoder("random", tokenizer, {"hidden_size": 32, "num_hidden_layers": 1,
-                                                     "num_attention_heads": 2, "intermediate_size": 64})  # fmt: skip
+    return towers.load_encoder("random", tokenizer, tiny_fields(retriever_proj_size=None))
 
 
-def test_a_batch_whose_masking_chose_no_wordpiece_gives_a_zero_loss_that_reaches_the_weights(corpus):
-    tokenizer = AutoTokenizer.from_pretrained(corpus)
-    rows = [CorpusBlocks(load_corpus(corpus), tokenizer, 64)[i] for i in range(2)]
+def test_a_batch_whose_masking_chose_no_wordpiece_gives_a_zero_loss_that_reaches_the_weights(quickstart_corpus):
+    tokenizer = AutoTokenizer.from_pretrained(quickstart_corpus)
+    rows = [CorpusBlocks(load_corpus(quickstart_corpus), tokenizer, 64)[i] for i in range(2)]
     batch = collator(tokenizer, seed=0)(rows)
     batch["labels"].fill_(-100)
-    model = MaskedLmModel(tiny_encoder(corpus))
+    model = MaskedLmModel(tiny_encoder(quickstart_corpus))
     out = model(**batch)
     assert out.loss.item() == 0.0 and out.accuracy.item() == 0.0
     out.loss.backward()
@@ -144,28 +129,27 @@ def test_a_batch_whose_masking_chose_no_wordpiece_gives_a_zero_loss_that_reaches
     assert head is not None and torch.count_nonzero(head) == 0
 
 
-def test_evaluation_leaves_out_batches_without_a_chosen_wordpiece(corpus):
-    tokenizer = AutoTokenizer.from_pretrained(corpus)
-    rows = [CorpusBlocks(load_corpus(corpus), tokenizer, 64)[i] for i in range(4)]
+def test_evaluation_leaves_out_batches_without_a_chosen_wordpiece(quickstart_corpus):
+    tokenizer = AutoTokenizer.from_pretrained(quickstart_corpus)
+    rows = [CorpusBlocks(load_corpus(quickstart_corpus), tokenizer, 64)[i] for i in range(4)]
     masked = collator(tokenizer, seed=0)(rows)
     unmasked = {name: tensor.clone() for name, tensor in masked.items()}
     unmasked["labels"].fill_(-100)
-    model = MaskedLmModel(tiny_encoder(corpus))
+    model = MaskedLmModel(tiny_encoder(quickstart_corpus))
     assert evaluate(model, [unmasked, masked]) == evaluate(model, [masked])
 
 
 def mlm_argv(corpus, output, *extra: str) -> list[str]:
     return [
         "train", "mlm", "--corpus", str(corpus), "--init", "random", "--output", str(output), "--max-steps", "1",
-        "--batch-size", "4", "--eval-blocks", "8", "--config-overrides",
-        "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,max_position_embeddings=64",
-        "--quiet", *extra,
+        "--batch-size", "4", "--eval-blocks", "8", "--quiet", "--config-overrides",
+        tiny_overrides(retriever_proj_size=None, max_position_embeddings=64), *extra,
     ]  # fmt: skip
 
 
-def test_train_mlm_refuses_a_block_length_that_leaves_no_wordpiece_to_mask(corpus, tmp_path, capsys):
+def test_train_mlm_refuses_a_block_length_that_leaves_no_wordpiece_to_mask(quickstart_corpus, tmp_path, capsys):
     output = tmp_path / "encoder"
-    assert cli.main(mlm_argv(corpus, output, "--max-seq-len", "3")) == 2
+    assert cli.main(mlm_argv(quickstart_corpus, output, "--max-seq-len", "3")) == 2
     error = capsys.readouterr().err.splitlines()[-1]
     assert error.startswith(
         "openrealm: error: 117 of 117 blocks an epoch (100%) give no training example: 117 because BERT's masking "
@@ -175,9 +159,10 @@ def test_train_mlm_refuses_a_block_length_that_leaves_no_wordpiece_to_mask(corpu
     assert "raise --max-seq-len" in error and not output.exists()
 
 
-def test_train_mlm_summary_line_warns_when_most_blocks_get_no_mask(corpus, tmp_path, capsys):
+def test_train_mlm_summary_line_warns_when_most_blocks_get_no_mask(quickstart_corpus, tmp_path, capsys):
     output = tmp_path / "encoder"
-    assert cli.main(mlm_argv(corpus, output, "--max-seq-len", "5")) == 0  # 2 wordpieces a block: 72% unmasked
+    # 2 wordpieces a block: 72% unmasked
+    assert cli.main(mlm_argv(quickstart_corpus, output, "--max-seq-len", "5")) == 0
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith(f"masked LM: saved the RealmKnowledgeAugEncoder to {output} (train loss ")
     assert "; warning: 85 of 117 blocks an epoch (73%) give no training example: 85 because BERT's masking" in line

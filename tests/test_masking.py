@@ -1,11 +1,12 @@
-"""Salient span masking (Google §2.2) and the paper's random-token / random-span ablations."""
+"""Salient span masking (paper §3.4; Google's language/realm/example_generator.py and featurization.py) and the
+paper's random-token / random-span ablations."""
 
 import random
 from collections import Counter
 
 import pytest
 import torch
-from conftest import fixture_tokenizer
+from helpers import fixture_tokenizer
 
 from openrealm.tokenization.masking import SalientSpanCollator, mask_query
 

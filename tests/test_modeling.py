@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import fixture_folder, tiny_realm_config
+from helpers import fixture_folder, tiny_realm_config
 from transformers import AutoModel, BertConfig, BertForMaskedLM
 
 from openrealm import (
@@ -179,8 +179,8 @@ def test_from_bert_pretrained_loads_bert_prefixed_weights_under_realm(tmp_path):
     bert = BertForMaskedLM(bert_config)
     bert.save_pretrained(tmp_path)
     encoder, info = RealmKnowledgeAugEncoder.from_bert_pretrained(tmp_path, output_loading_info=True)
-    # BertForMaskedLM has no pooler (unused by the encoder): it starts fresh as an expected new key, like REALM's heads,
-    # and is not reported; everything else comes from the BERT checkpoint.
+    # BertForMaskedLM has no pooler (unused by the encoder): it starts fresh as an expected new key, like REALM's
+    # heads, and is not reported; everything else comes from the BERT checkpoint.
     assert set(info["missing_keys"]) == set()
     assert set(info["unexpected_keys"]) == set()
     assert encoder.config.hidden_act == "gelu" and encoder.config.pad_token_id == 0

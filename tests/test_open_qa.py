@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_model
+from helpers import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_model
 from transformers import AutoModel
 
 import openrealm
@@ -225,7 +225,7 @@ def test_index_with_a_different_row_count_than_the_records_is_refused(model):
 
 
 def test_model_without_retriever_explains_how_to_get_one(tokenizer):
-    from conftest import tiny_realm_config
+    from helpers import tiny_realm_config
 
     model = RealmForOpenQA(tiny_realm_config())
     with pytest.raises(ValueError, match="has no retriever"):

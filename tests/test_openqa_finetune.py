@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, fixture_tokenizer, make_openqa_model
+from helpers import BLOCK_TEXTS, fixture_tokenizer, make_openqa_model
 
 from openrealm.hub_cards import model_card
 from openrealm.trainers.finetuning import finetune_openqa, openqa_model_from_pretraining, save_finetuned
@@ -104,7 +104,8 @@ def test_regex_patterns_mark_the_matching_spans_case_insensitively(model, tokeni
 
 
 def test_regex_patterns_span_several_wordpieces_even_out_of_vocabulary_ones(model, tokenizer):
-    """ "cairo" and "thames" are [UNK] to the fixture vocabulary: matching the text finds them, wordpiece ids could not."""
+    """ "cairo" and "thames" are [UNK] to the fixture vocabulary: matching the text finds them, wordpiece ids could
+    not."""
     inputs = reader_inputs_for_every_block(
         model, tokenizer, "which river ?", answer_patterns=[[r"(the )?river\s+th[a-z]+", r"cair(o|ene)"]]
     )

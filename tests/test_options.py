@@ -1,4 +1,5 @@
-"""The job options are declared apart from the jobs (fast --help); the defaults spelled out there equal the library's."""
+"""The job options are declared apart from the jobs (fast --help); the defaults spelled out there equal the
+library's."""
 
 from openrealm import index_realm
 from openrealm.tokenization import corpus, masking

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, make_openqa_model
+from helpers import BLOCK_TEXTS, make_openqa_model
 from transformers import pipeline
 
 import openrealm

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_top_k
+from helpers import assert_same_top_k
 
 # Modules whose tests compare floats computed with different shapes: sharded against whole, chunked against one
 # matmul, batched against one at a time, this code against transformers 4.57.6's stored outputs.

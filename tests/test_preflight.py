@@ -1,6 +1,6 @@
 """`openrealm train pretrain --preflight`: whether REALM pre-training can train a retriever, measured before training.
 
-Through the command line (in-process `cli.main`): on the tiny world of tests/test_retriever_learns.py every number of
+Through the command line (in-process `cli.main`): on the tiny world of tests/helpers.py (TinyWorld) every number of
 OUTPUT/preflight.json is present, in range and consistent with the others, and the oracle run is `train pretrain`'s
 own; on hand-made corpora whose dates recur (or never do) the share of spans stated elsewhere is known exactly and
 the verdict flips with it; on a few hundred real Wikipedia paragraphs (../shared/data) the share agrees with
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from test_retriever_learns import TINY_MODEL, TinyWorld
+from helpers import TINY_NO_DROPOUT, TinyWorld
 from transformers import AutoTokenizer
 
 from openrealm.tokenization.corpus import build_corpus, load_corpus
@@ -49,7 +49,7 @@ def preflight(corpus: Path, embedder: str, output: Path, *options: str) -> dict:
         "train", "pretrain", "--corpus", str(corpus), "--embedder", embedder, "--encoder", "random",
         "--output", str(output), "--max-steps", "1000", "--refresh-every", "100", "--batch-size", "16",
         "--learning-rate", "1e-3", "--warmup-steps", "10", "--embedding-dropout", "0",
-        "--config-overrides", TINY_MODEL, "--quiet", "--preflight", *options,
+        "--config-overrides", TINY_NO_DROPOUT, "--quiet", "--preflight", *options,
     ]  # fmt: skip
     assert cli.main(argv) == 0
     return json.loads((output / "preflight.json").read_text())
@@ -149,7 +149,7 @@ def test_a_training_run_into_the_same_output_follows_the_preflight(world, world_
     argv = [
         "train", "pretrain", "--corpus", str(world.corpus), "--embedder", str(world.start), "--encoder", "random",
         "--output", str(world.root / "run"), "--max-steps", "2", "--refresh-every", "100", "--batch-size", "4",
-        "--config-overrides", TINY_MODEL, "--quiet",
+        "--config-overrides", TINY_NO_DROPOUT, "--quiet",
     ]  # fmt: skip
     assert cli.main(argv) == 0
     assert (world.root / "run" / "embedder").is_dir() and (world.root / "run" / "preflight.json").is_file()
@@ -183,7 +183,7 @@ def test_the_verdict_is_no_when_no_span_is_stated_in_another_block(tmp_path, min
 
 def test_with_an_index_given_and_no_oracle_run_the_report_goes_into_a_new_output(tmp_path, minilm_tokenizer):
     corpus = dated_corpus(tmp_path / "corpus", minilm_tokenizer, REPEATING)
-    embedder = load_embedder("random", minilm_tokenizer, parse_config_overrides(TINY_MODEL), 0)
+    embedder = load_embedder("random", minilm_tokenizer, parse_config_overrides(TINY_NO_DROPOUT), 0)
     build_index(embedder, corpus, tmp_path / "index", version=0, max_length=128, progress=False)
     output = tmp_path / "new" / "run"
     report = preflight(corpus, "random", output, "--index", str(tmp_path / "index"), "--num-candidates", "4",
@@ -202,7 +202,7 @@ def test_preflight_steps_below_zero_are_refused_naming_the_option(tmp_path, mini
     capsys.readouterr()  # the corpus build's progress
     argv = ["train", "pretrain", "--corpus", str(corpus), "--embedder", "random", "--encoder", "random",
             "--output", str(tmp_path / "run"), "--max-steps", "10", "--refresh-every", "5", "--preflight",
-            "--preflight-steps", "-1", "--config-overrides", TINY_MODEL]  # fmt: skip
+            "--preflight-steps", "-1", "--config-overrides", TINY_NO_DROPOUT]  # fmt: skip
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.startswith("openrealm: error: --preflight-steps must be >= 0")
     assert not (tmp_path / "run" / "preflight.json").exists()

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-import test_pretrain
 import yaml
+from helpers import TINY_PRETRAIN, pretrain_argv, setup_refresh
 from huggingface_hub import ModelCard
 from transformers import AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
@@ -23,16 +23,14 @@ from openrealm.trainers.cli import main as openrealm_main
 from openrealm.trainers.indexing import list_versions
 from openrealm.trainers.pretraining import trainer
 
-TINY, setup_refresh = test_pretrain.TINY, test_pretrain.setup_refresh
-corpus = test_pretrain.corpus  # the module-scoped synthetic-world corpus fixture
 KILL_TIMEOUT = 90  # seconds for the first run to write checkpoint-4 (imports + index v0 + 4 steps)
 
 
-def pretrain_argv(corpus_dir: Path, output: Path, max_steps: int) -> list[str]:
-    argv = ["--corpus", str(corpus_dir), "--embedder", "random", "--encoder", "random", "--output", str(output)]
-    argv += ["--max-steps", str(max_steps), "--refresh-every", "2", "--refresh-mode", "sync", "--batch-size", "4"]
-    argv += ["--logging-steps", "1", "--config-overrides", TINY, "--no-progress", "--index-batch-size", "32"]
-    return argv + ["--save-steps", "2", "--save-total-limit", "2"]
+def run_argv(corpus_dir: Path, output: Path, max_steps: int) -> list[str]:
+    """`train pretrain`'s options: tiny towers, a sync refresh and a checkpoint every 2 steps (the newest 2 kept)."""
+    extra = ["--max-steps", str(max_steps), "--batch-size", "4", "--logging-steps", "1"]
+    extra += ["--save-steps", "2", "--save-total-limit", "2"]
+    return pretrain_argv(corpus_dir, output, *extra, refresh_every=2, refresh_mode="sync")
 
 
 def cli(argv: list[str], **kwargs) -> subprocess.Popen:
@@ -40,10 +38,10 @@ def cli(argv: list[str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
-def test_resume_after_kill_9_continues_from_the_last_checkpoint_on_its_index_version(corpus, tmp_path):
+def test_resume_after_kill_9_continues_from_the_last_checkpoint_on_its_index_version(world_corpus, tmp_path):
     output = tmp_path / "out"
     # The first run would go on for 1000 steps: it is killed as soon as checkpoint-4 appears.
-    first = cli(pretrain_argv(corpus, output, 1000))
+    first = cli(run_argv(world_corpus, output, 1000))
     deadline = time.monotonic() + KILL_TIMEOUT
     while not (output / "checkpoint-4").is_dir():
         assert first.poll() is None, first.communicate()[0][-3000:]
@@ -58,7 +56,7 @@ def test_resume_after_kill_9_continues_from_the_last_checkpoint_on_its_index_ver
     assert (recorded["step"], recorded["snapshot_step"]) == (4, 4)
     assert recorded["index_version"] in list_versions(output / "index")
 
-    resumed_argv = [arg for arg in pretrain_argv(corpus, output, 6) if arg != "--no-progress"]
+    resumed_argv = [arg for arg in run_argv(world_corpus, output, 6) if arg != "--no-progress"]
     resumed = cli(resumed_argv + ["--resume-from-checkpoint", "last", "--verbose"])  # --verbose: the loss dicts
     stdout = resumed.communicate(timeout=KILL_TIMEOUT)[0]
     assert resumed.returncode == 0, stdout[-3000:]
@@ -77,13 +75,13 @@ def test_resume_after_kill_9_continues_from_the_last_checkpoint_on_its_index_ver
     assert RealmScorer.from_pretrained(output / "scorer").config.retriever_proj_size == 16
 
 
-def test_saving_checkpoints_leaves_the_training_losses_unchanged(corpus, tmp_path):
+def test_saving_checkpoints_leaves_the_training_losses_unchanged(world_corpus, tmp_path):
     # Writing a checkpoint builds the scorer to save it; its weight initialisation must not draw from the run's
     # random number generators (dropout, masking), or a run that checkpoints trains differently after its first save.
     losses = {}
-    for name, argv in (("saving", pretrain_argv(corpus, tmp_path / "saving", 4)), ("not", None)):
+    for name, argv in (("saving", run_argv(world_corpus, tmp_path / "saving", 4)), ("not", None)):
         if argv is None:
-            argv = pretrain_argv(corpus, tmp_path / name, 4)
+            argv = run_argv(world_corpus, tmp_path / name, 4)
             argv = argv[: argv.index("--save-steps")]
         run = cli(argv)
         output = run.communicate(timeout=KILL_TIMEOUT)[0]
@@ -116,8 +114,8 @@ def test_checkpoint_folder_without_refresh_state_is_rejected(tmp_path):
         checkpoints.resolve_resume(str(tmp_path / "checkpoint-2"), tmp_path, trainer.CHECKPOINT_FILES)
 
 
-def test_pruning_keeps_the_index_versions_kept_checkpoints_use(corpus, tmp_path):
-    embedder, _, callback = setup_refresh(corpus, tmp_path / "index", "sync", refresh_every=1)
+def test_pruning_keeps_the_index_versions_kept_checkpoints_use(world_corpus, tmp_path):
+    embedder, _, callback = setup_refresh(world_corpus, tmp_path / "index", "sync", refresh_every=1)
     callback.protected_versions = {0}
     for step in range(1, 5):
         callback.refresh_sync(embedder, step)
@@ -126,11 +124,11 @@ def test_pruning_keeps_the_index_versions_kept_checkpoints_use(corpus, tmp_path)
     assert callback.prune_versions() == [0]
 
 
-def test_checkpoint_state_round_trips_into_a_fresh_callback(corpus, tmp_path):
-    embedder, _, callback = setup_refresh(corpus, tmp_path / "index", "sync", refresh_every=2)
+def test_checkpoint_state_round_trips_into_a_fresh_callback(world_corpus, tmp_path):
+    embedder, _, callback = setup_refresh(world_corpus, tmp_path / "index", "sync", refresh_every=2)
     callback.refresh_sync(embedder, 2)
     state = json.loads(json.dumps(callback.checkpoint_state()))
-    _, examples, fresh = setup_refresh(corpus, tmp_path / "index2", "sync", refresh_every=2)
+    _, examples, fresh = setup_refresh(world_corpus, tmp_path / "index2", "sync", refresh_every=2)
     fresh.restore(state, callback.examples.query_embedder, callback.examples.index)
     assert (examples.index.version, fresh.snapshot_step, fresh.last_build_step) == (1, 2, 2)
     assert fresh.metrics(3)["index_staleness_steps"] == 1 and fresh.builds_started == 1
@@ -183,13 +181,14 @@ class StandInHfApi:
         self.uploads[repo_id] = {str(p.relative_to(folder)): p.read_text(errors="replace") for p in folder.rglob("*")}
 
 
-def test_push_to_hub_uploads_the_three_folders_with_cards_holding_the_metrics(corpus, tmp_path, monkeypatch):
+def test_push_to_hub_uploads_the_three_folders_with_cards_holding_the_metrics(world_corpus, tmp_path, monkeypatch):
     api = StandInHfApi()
     monkeypatch.setattr("huggingface_hub.HfApi", lambda: api)
     output = tmp_path / "out"
-    argv = ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
+    argv = ["--corpus", str(world_corpus), "--embedder", "random", "--encoder", "random", "--output", str(output)]
     argv += ["--max-steps", "2", "--refresh-every", "2", "--refresh-mode", "off", "--batch-size", "4"]
-    argv += ["--logging-steps", "1", "--config-overrides", TINY, "--no-progress", "--push-to-hub", "me/realm-tiny"]
+    argv += ["--logging-steps", "1", "--config-overrides", TINY_PRETRAIN, "--no-progress"]
+    argv += ["--push-to-hub", "me/realm-tiny"]
     assert openrealm_main(["train", "pretrain", *argv]) == 0
     assert api.repos == ["me/realm-tiny-embedder", "me/realm-tiny-encoder", "me/realm-tiny-scorer"]
     summary = json.loads((output / "pretraining.json").read_text())
@@ -203,5 +202,5 @@ def test_push_to_hub_uploads_the_three_folders_with_cards_holding_the_metrics(co
     assert "RealmScorer" in api.uploads["me/realm-tiny-scorer"]["README.md"]
     assert (
         AutoTokenizer.from_pretrained(output / "scorer").get_vocab()
-        == AutoTokenizer.from_pretrained(corpus).get_vocab()
+        == AutoTokenizer.from_pretrained(world_corpus).get_vocab()
     )

@@ -1,5 +1,6 @@
-"""Does REALM pre-training learn? The evaluation on fixed masked queries (trainers/pretrain_eval.py: retrieval utility,
-recall@8 of a block holding the masked span) and its periodic callback, on a small synthetic world (issue 4 §6)."""
+"""Does REALM pre-training learn? The evaluation on fixed masked queries (trainers/pretraining/evaluation.py: retrieval
+utility, the paper's Figure 4, and recall@8 of a block holding the masked span) and its periodic callback, on a small
+synthetic world."""
 
 import argparse
 import math
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from helpers import tiny_overrides
 from transformers import AutoTokenizer
 
 from openrealm.tokenization.corpus import build_corpus, load_corpus
@@ -27,8 +29,16 @@ from openrealm.trainers.pretraining.inputs import initial_index
 from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.world.synthetic_world import generate_world
 
-TINY = "hidden_size=64,num_hidden_layers=1,num_attention_heads=4,intermediate_size=256,retriever_proj_size=32,"
-TINY += "hidden_dropout_prob=0,attention_probs_dropout_prob=0,max_position_embeddings=384"
+# Random towers, wider than the tiny ones and without dropout.
+TOWERS = tiny_overrides(
+    hidden_size=64,
+    num_attention_heads=4,
+    intermediate_size=256,
+    retriever_proj_size=32,
+    hidden_dropout_prob=0,
+    attention_probs_dropout_prob=0,
+    max_position_embeddings=384,
+)
 WORLD = dict(num_people=40, num_organizations=12, num_cities=12, num_rivers=4, num_mountains=4, num_regions=3)
 
 
@@ -59,7 +69,7 @@ def queries(tokenizer, blocks):
 
 
 def random_model(tokenizer, seed: int = 0) -> RealmPretrainingModel:
-    overrides = parse_config_overrides(TINY)
+    overrides = parse_config_overrides(TOWERS)
     embedder = towers.load_embedder("random", tokenizer, overrides, seed)
     encoder = towers.load_encoder("random", tokenizer, overrides, seed)
     return RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0)
@@ -112,7 +122,7 @@ def test_eval_callback_logs_utility_and_recall_every_n_steps(corpus, tokenizer, 
     args = parser.parse_args(
         ["--corpus", str(corpus), "--embedder", "random", "--encoder", "random", "--output", str(tmp_path / "out")]
         + ["--max-steps", "4", "--refresh-every", "2", "--refresh-mode", "sync", "--batch-size", "4"]
-        + ["--config-overrides", TINY, "--no-progress", "--logging-steps", "4"]
+        + ["--config-overrides", TOWERS, "--no-progress", "--logging-steps", "4"]
     )
     model = random_model(tokenizer)
     index = initial_index(args, model.embedder, tmp_path / "out" / "index")

@@ -10,14 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import test_pretrain
+from helpers import DATED, UNDATED, pretrain_argv, repeated_corpus, small_corpus
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
 from openrealm.tokenization.corpus import load_corpus
 from openrealm.trainers.indexing import list_versions
 
-TINY = test_pretrain.TINY
-corpus = test_pretrain.corpus  # the module-scoped synthetic-world corpus fixture
 # `--cpu` would make accelerate start one process; with no visible GPU, --multi_gpu runs torchrun + gloo on CPU.
 LAUNCH = [
     sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -57,10 +55,10 @@ sys.exit(cli.main(["train", "pretrain", *sys.argv[1:]]))
 """
 
 
-def pretrain_argv(corpus_dir: Path, output: Path, mode: str, max_steps: int) -> list[str]:
-    argv = ["--corpus", str(corpus_dir), "--embedder", "random", "--encoder", "random", "--output", str(output)]
-    argv += ["--max-steps", str(max_steps), "--refresh-every", "2", "--refresh-mode", mode, "--batch-size", "2"]
-    return argv + ["--logging-steps", "1", "--config-overrides", TINY, "--no-progress", "--index-batch-size", "32"]
+def run_argv(corpus_dir: Path, output: Path, mode: str, max_steps: int) -> list[str]:
+    """`train pretrain`'s options: tiny towers, a refresh every 2 steps in `mode`, batches of 2, a log every step."""
+    extra = ["--max-steps", str(max_steps), "--batch-size", "2", "--logging-steps", "1"]
+    return pretrain_argv(corpus_dir, output, *extra, refresh_every=2, refresh_mode=mode)
 
 
 def launch(program: list[str], argv: list[str]) -> str:
@@ -84,11 +82,11 @@ def assert_output_folders_load(output: Path) -> None:
 
 
 @pytest.mark.slow
-def test_async_refresh_swaps_every_rank_to_the_built_version_at_the_same_step(corpus, tmp_path):
+def test_async_refresh_swaps_every_rank_to_the_built_version_at_the_same_step(world_corpus, tmp_path):
     output = tmp_path / "out"
     script = tmp_path / "stop_after_swap.py"
     script.write_text(STOP_AFTER_SWAP)
-    launch([str(script)], pretrain_argv(corpus, output, "async", 1000))
+    launch([str(script)], run_argv(world_corpus, output, "async", 1000))
     first, second = rank_records(output)
     assert (first["rank"], second["rank"], first["world_size"]) == (0, 1, 2)
     # Rank 0 built version 1 from the step-2 embedder; both ranks swapped to it at the same step boundary. The warm
@@ -114,10 +112,10 @@ def test_async_refresh_swaps_every_rank_to_the_built_version_at_the_same_step(co
 
 
 @pytest.fixture(scope="module")
-def sync_run(corpus, tmp_path_factory) -> tuple[Path, list[dict]]:
+def sync_run(world_corpus, tmp_path_factory) -> tuple[Path, list[dict]]:
     """4 steps with a sync refresh every 2 and a checkpoint every 2 (output folder, rank records)."""
     output = tmp_path_factory.mktemp("sync") / "out"
-    launch(["-m", "openrealm", "train", "pretrain"], pretrain_argv(corpus, output, "sync", 4) + ["--save-steps", "2"])
+    launch(["-m", "openrealm", "train", "pretrain"], run_argv(world_corpus, output, "sync", 4) + ["--save-steps", "2"])
     return output, rank_records(output)
 
 
@@ -135,12 +133,12 @@ def test_sync_refresh_embeds_sharded_and_every_rank_swaps_at_the_refresh_steps(s
 
 
 @pytest.mark.slow
-def test_a_sharded_index_run_holds_half_the_rows_per_rank_and_trains_as_an_unsharded_one(corpus, sync_run):
+def test_a_sharded_index_run_holds_half_the_rows_per_rank_and_trains_as_an_unsharded_one(world_corpus, sync_run):
     unsharded, whole_records = sync_run
     output = unsharded.parent / "sharded"
-    launch(["-m", "openrealm", "train", "pretrain"], pretrain_argv(corpus, output, "sync", 4) + ["--shard-index"])
+    launch(["-m", "openrealm", "train", "pretrain"], run_argv(world_corpus, output, "sync", 4) + ["--shard-index"])
     first, second = rank_records(output)
-    num_blocks = len(load_corpus(corpus))
+    num_blocks = len(load_corpus(world_corpus))
     assert (first["index_rows"], second["index_rows"]) == ((num_blocks + 1) // 2, num_blocks // 2)
     assert [record["index_rows"] for record in whole_records] == [num_blocks, num_blocks]
     assert first["index_memory_mapped"] and second["index_memory_mapped"]  # each rank maps its own shard file
@@ -163,7 +161,7 @@ def test_a_sharded_index_run_holds_half_the_rows_per_rank_and_trains_as_an_unsha
 
 
 @pytest.mark.slow
-def test_checkpoint_holds_every_rank_state_and_resume_restores_its_index_version_on_every_rank(corpus, sync_run):
+def test_checkpoint_holds_every_rank_state_and_resume_restores_its_index_version_on_every_rank(world_corpus, sync_run):
     output, _ = sync_run
     checkpoint = output / "checkpoint-4"
     assert {"rng_state_0.pth", "rng_state_1.pth", "refresh_state.json"} <= set(os.listdir(checkpoint))
@@ -172,7 +170,7 @@ def test_checkpoint_holds_every_rank_state_and_resume_restores_its_index_version
     shutil.copytree(output, resumed)
     stdout = launch(
         ["-m", "openrealm", "train", "pretrain"],
-        pretrain_argv(corpus, resumed, "sync", 6) + ["--save-steps", "2", "--resume-from-checkpoint", "last"],
+        run_argv(world_corpus, resumed, "sync", 6) + ["--save-steps", "2", "--resume-from-checkpoint", "last"],
     )
     assert stdout.count("resuming from") == 1  # printed by rank 0 only
     first, second = rank_records(resumed)
@@ -183,13 +181,13 @@ def test_checkpoint_holds_every_rank_state_and_resume_restores_its_index_version
 
 
 @pytest.mark.slow
-def test_ranks_whose_batches_are_all_dropped_train_on_in_step_and_the_skips_are_summed(corpus, tmp_path):
+def test_ranks_whose_batches_are_all_dropped_train_on_in_step_and_the_skips_are_summed(world_corpus, tmp_path):
     # One block of 8 has a date; 2 ranks x 1 query x 4 steps: 7 of the 8 per-rank batches are empty. An empty batch
     # that skipped DDP's forward would leave the other rank waiting in its gradient all-reduce (a timeout).
-    texts = ["The river was named in March 1912 by the city.", *test_pretrain.UNDATED[1:]]
-    blocks = test_pretrain.small_corpus(corpus, tmp_path / "corpus", texts)
+    texts = ["The river was named in March 1912 by the city.", *UNDATED[1:]]
+    blocks = small_corpus(world_corpus, tmp_path / "corpus", texts)
     output = tmp_path / "out"
-    argv = pretrain_argv(blocks, output, "off", 4)
+    argv = run_argv(blocks, output, "off", 4)
     argv[argv.index("--batch-size") + 1] = "1"
     launch(["-m", "openrealm", "train", "pretrain"], argv)
     summary = json.loads((output / "pretraining.json").read_text())
@@ -209,12 +207,12 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-def test_ranks_stop_together_when_duplicate_blocks_drop_every_example_and_one_error_is_printed(corpus, tmp_path):
-    blocks = test_pretrain.repeated_corpus(corpus, tmp_path / "corpus", test_pretrain.DATED, copies=3)
+def test_ranks_stop_together_when_duplicate_blocks_drop_every_example_and_one_error_is_printed(world_corpus, tmp_path):
+    blocks = repeated_corpus(world_corpus, tmp_path / "corpus", DATED, copies=3)
     script = tmp_path / "stop_from_two_rows.py"
     script.write_text(STOP_FROM_TWO_ROWS)
     output = tmp_path / "out"
-    argv = pretrain_argv(blocks, output, "off", 40)
+    argv = run_argv(blocks, output, "off", 40)
     argv[argv.index("--batch-size") + 1] = "1"
     result = subprocess.run(
         [*LAUNCH, str(script), "train", "pretrain", *argv],

@@ -1,12 +1,13 @@
-"""REALM pre-training: candidate lists and inputs (Google §2.3, §3.3-§3.4) and the marginal MLM model (§3.2, §3.5-§3.6)."""
+"""REALM pre-training: candidate lists and inputs (Google's language/realm/example_generator.py and the lengths of its
+local_launcher.sh) and the marginal MLM model (language/realm/model.py; paper §3.2-§3.4)."""
 
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import BLOCK_TEXTS, fixture_tokenizer, tiny_realm_config
 from datasets import Dataset
+from helpers import BLOCK_TEXTS, fixture_tokenizer, tiny_realm_config
 from torch import nn
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmKnowledgeAugEncoder
@@ -216,7 +217,8 @@ def make_model(masked_positions_only: bool = True) -> RealmPretrainingModel:
 
 
 def by_hand(model: RealmPretrainingModel, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per masked token: log p(z|x) [N, K] and log p(y|z, x) [N, K], from the plain modules, one candidate at a time."""
+    """Per masked token: log p(z|x) [N, K] and log p(y|z, x) [N, K], from the plain modules, one candidate at a
+    time."""
     batch_size, num_candidates = batch["candidate_input_ids"].shape[:2]
     prior, reader = [], []
     with torch.no_grad():

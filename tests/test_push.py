@@ -5,16 +5,12 @@ import json
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
-import test_writers
 import torch
 import yaml
-from conftest import BLOCK_TEXTS, make_openqa_model
+from helpers import BLOCK_TEXTS, LOCK_HOLDER, WAIT_SECONDS, RecordingHfApi, make_openqa_model
 from huggingface_hub import ModelCard
-from huggingface_hub.utils import filter_repo_objects
-from test_writers import LOCK_HOLDER, WAIT_SECONDS
 
 from openrealm.hub_cards import realm_model_card
 from openrealm.hub_cards.model_card import REALM_BIBTEX, open_qa_model_card
@@ -22,29 +18,11 @@ from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_open_qa, write_results
 from openrealm.trainers.push import push_open_qa_model
 
-waiting = test_writers.waiting  # the fixture: an event set when a writer starts waiting for another one
 PUSH_WAIT_SECONDS = 30  # for a push to start waiting for the writer holding the folder's lock
 QUESTIONS = [
     {"question": "where does the nile flow ?", "answers": ["egypt"]},
     {"question": "which river flows through london ?", "answers": ["thames"]},
 ]
-
-
-class RecordingHfApi:
-    """Stands in for huggingface_hub.HfApi: records the repos created and the files each upload would send."""
-
-    def __init__(self):
-        self.repos, self.uploads = [], {}
-
-    def create_repo(self, repo_id, private=False, exist_ok=False):
-        self.repos.append((repo_id, private))
-
-    def upload_folder(self, repo_id, folder_path, commit_message=None, ignore_patterns=None):
-        folder = Path(folder_path)
-        paths = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
-        kept = filter_repo_objects(paths, ignore_patterns=ignore_patterns)  # as upload_folder filters
-        self.uploads[repo_id] = {path: (folder / path).read_bytes() for path in kept}
-        return f"https://huggingface.co/{repo_id}/commit/0"
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,12 @@
-"""The reading warm-up (trainers/world/reading_warmup.py): the synthetic world's "BERT stage" teaches the encoder to copy a
-masked name from a context stating the same fact, with names renamed so that memorising the world never pays."""
+"""The reading warm-up (trainers/world/reading_warmup.py): the synthetic world's "BERT stage" teaches the encoder to
+copy a masked name from a context stating the same fact, with names renamed so that memorising the world never pays."""
 
 import json
 import random
 
 import pytest
 import torch
+from helpers import TINY_WORLD, tiny_overrides
 from transformers import AutoTokenizer
 
 from openrealm import RealmKnowledgeAugEncoder
@@ -16,14 +17,14 @@ from openrealm.trainers.world import reading_warmup
 from openrealm.trainers.world.reading_warmup import FactPairs, collate, mlm_logits
 from openrealm.trainers.world.synthetic_world import generate_world
 
-WORLD = dict(num_people=20, num_organizations=6, num_cities=6, num_rivers=2, num_mountains=2, num_regions=2)
-TINY = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64,max_position_embeddings=256"
+# The tiny towers without a retriever projection (an encoder), reading 256 positions.
+ENCODER = tiny_overrides(retriever_proj_size=None, max_position_embeddings=256)
 
 
 @pytest.fixture(scope="module")
 def world_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("warmup")
-    world = generate_world(seed=0, **WORLD)
+    world = generate_world(seed=0, **TINY_WORLD)
     world.write(root / "world")
     train_wordpiece_vocab(world.texts(), root / "corpus", vocab_size=600)
     return root
@@ -31,7 +32,7 @@ def world_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def world():
-    return generate_world(seed=0, **WORLD)
+    return generate_world(seed=0, **TINY_WORLD)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def test_collate_pads_inputs_and_ignores_padding_in_the_loss(pairs):
 
 
 def test_warm_up_lowers_the_masked_name_loss_on_held_out_pairs(pairs):
-    encoder = load_encoder("random", pairs.tokenizer, parse_config_overrides(TINY), seed=0)
+    encoder = load_encoder("random", pairs.tokenizer, parse_config_overrides(ENCODER), seed=0)
     batch = collate([pairs.example(pair, random.Random(3)) for pair in pairs.test[:64]])
 
     def loss() -> float:
@@ -95,19 +96,19 @@ def test_warm_up_lowers_the_masked_name_loss_on_held_out_pairs(pairs):
     before = loss()
     history = reading_warmup.warm_up_reader(encoder, pairs, steps=100, learning_rate=3e-3, eval_every=100)
     assert [entry["step"] for entry in history] == [0, 100]
-    assert loss() < before - 0.3  # measured 6.38 -> 5.79 after 150 steps
+    assert loss() < before - 0.3  # 6.38 -> 5.74 after these 100 steps: 0.3 is about half the drop
 
 
 def test_command_saves_the_trained_encoder_with_its_history(world_folder, tmp_path):
     def warm_up(output):
         world, corpus = world_folder / "world", world_folder / "corpus"
-        saved = reading_warmup.warm_up_encoder(world, corpus, output, config_overrides=TINY, steps=3, seed=1)
+        saved = reading_warmup.warm_up_encoder(world, corpus, output, config_overrides=ENCODER, steps=3, seed=1)
         assert saved == output
         return load_encoder(output)
 
     encoder, again = warm_up(tmp_path / "reader"), warm_up(tmp_path / "again")
     start = load_encoder("random", AutoTokenizer.from_pretrained(tmp_path / "reader"),
-                         parse_config_overrides(TINY), seed=1)  # fmt: skip
+                         parse_config_overrides(ENCODER), seed=1)  # fmt: skip
     assert isinstance(encoder, RealmKnowledgeAugEncoder) and encoder.config.hidden_size == 32
     trained, rerun, initial = encoder.state_dict(), again.state_dict(), start.state_dict()
     # exact: the same seed trains the same weights (the same computation twice in one process); any change is training

@@ -4,7 +4,7 @@ reports and reproduce 4.57.6's outputs (floats to 1e-4, integers and booleans ex
 
 import pytest
 import torch
-from conftest import LAYOUTS, MODEL_NAMES, fixture_folder, load_cases
+from helpers import LAYOUTS, MODEL_NAMES, fixture_folder, load_cases
 from safetensors.torch import load_file
 
 import openrealm

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import fixture_tokenizer, make_openqa_model, tiny_realm_config
+from helpers import fixture_tokenizer, make_openqa_model, tiny_realm_config
 from packaging.version import Version
 from transformers import pipeline
 

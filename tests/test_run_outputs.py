@@ -7,21 +7,15 @@ import threading
 from pathlib import Path
 
 import pytest
-import test_checkpoints
-import test_pretrain
 import transformers
-from conftest import make_openqa_model
-from test_corpus_edit import write_jsonl
-from test_writers import WAIT_SECONDS, files_under
+from helpers import WAIT_SECONDS, cli_pretrain, files_under, job_argv, make_openqa_model, pretrain_argv, write_jsonl
 
 from openrealm.trainers.cli import main
-
-corpus = test_pretrain.corpus  # the module-scoped synthetic-world corpus (58 one-block articles with dates)
 
 
 def pretrain(corpus_dir: Path, output: Path, *extra: str) -> int:
     """`openrealm train pretrain` at a tiny size, one checkpoint per step, index v0 built into OUTPUT/index."""
-    return test_pretrain.cli_pretrain(corpus_dir, output, "--batch-size", "2", "--save-steps", "1", *extra)
+    return cli_pretrain(corpus_dir, output, "--batch-size", "2", "--save-steps", "1", *extra)
 
 
 def error_line(capsys) -> str:
@@ -31,25 +25,27 @@ def error_line(capsys) -> str:
 
 
 @pytest.mark.parametrize("index", ["built", "given"])
-def test_pretrain_refuses_an_output_holding_an_earlier_run_and_leaves_it_as_it_was(index, corpus, tmp_path, capsys):
+def test_pretrain_refuses_an_output_holding_an_earlier_run_and_leaves_it_as_it_was(
+    index, world_corpus, tmp_path, capsys
+):
     # "given": with --index no index is built into OUTPUT, so nothing stopped the second run from replacing the first
     output, extra = tmp_path / "out", ()
     if index == "given":
-        assert pretrain(corpus, tmp_path / "index-run", "--max-steps", "1") == 0
+        assert pretrain(world_corpus, tmp_path / "index-run", "--max-steps", "1") == 0
         extra = ("--index", str(tmp_path / "index-run" / "index"))
-    assert pretrain(corpus, output, "--max-steps", "2", *extra) == 0
+    assert pretrain(world_corpus, output, "--max-steps", "2", *extra) == 0
     before = files_under(output)
     capsys.readouterr()
-    assert pretrain(corpus, output, "--max-steps", "1", "--seed", "1", *extra) == 2
+    assert pretrain(world_corpus, output, "--max-steps", "1", "--seed", "1", *extra) == 2
     error = error_line(capsys)
     assert f"output folder {output} is not empty: pass --overwrite" in error and "--resume-from-checkpoint" in error
     assert files_under(output) == before
 
 
-def test_pretrain_overwrite_starts_afresh_without_the_earlier_runs_checkpoints_or_index(corpus, tmp_path):
+def test_pretrain_overwrite_starts_afresh_without_the_earlier_runs_checkpoints_or_index(world_corpus, tmp_path):
     output = tmp_path / "out"
-    assert pretrain(corpus, output, "--max-steps", "2") == 0
-    assert pretrain(corpus, output, "--max-steps", "1", "--seed", "1", "--overwrite") == 0
+    assert pretrain(world_corpus, output, "--max-steps", "2") == 0
+    assert pretrain(world_corpus, output, "--max-steps", "1", "--seed", "1", "--overwrite") == 0
     assert sorted(path.name for path in output.glob("checkpoint-*")) == ["checkpoint-1"]
     assert [path.name for path in (output / "index").iterdir()] == ["v000000"]
     summary = json.loads((output / "pretraining.json").read_text())
@@ -59,11 +55,11 @@ def test_pretrain_overwrite_starts_afresh_without_the_earlier_runs_checkpoints_o
     assert state["global_step"] == 1 and state["max_steps"] == 1
 
 
-def test_pretrain_refuses_an_index_root_holding_versions_of_another_run(corpus, tmp_path, capsys):
-    assert pretrain(corpus, tmp_path / "first", "--max-steps", "1", "--index-root", str(tmp_path / "index")) == 0
+def test_pretrain_refuses_an_index_root_holding_versions_of_another_run(world_corpus, tmp_path, capsys):
+    assert pretrain(world_corpus, tmp_path / "first", "--max-steps", "1", "--index-root", str(tmp_path / "index")) == 0
     capsys.readouterr()
     argv = ("--max-steps", "1", "--index-root", str(tmp_path / "index"))
-    assert pretrain(corpus, tmp_path / "second", *argv) == 2
+    assert pretrain(world_corpus, tmp_path / "second", *argv) == 2
     error = error_line(capsys)
     assert f"--index-root {tmp_path / 'index'} already holds index versions" in error and "--version" not in error
     assert not (tmp_path / "second").exists()
@@ -106,15 +102,15 @@ def test_openqa_overwrite_replaces_the_earlier_model(openqa_inputs, tmp_path):
 def run_argv(job: str, corpus_dir: Path, output: Path, seed: int) -> list[str]:
     """`openrealm train JOB` of two steps at a tiny size, into output."""
     if job == "ict":
-        return [*test_checkpoints.job_argv("ict", corpus_dir, output, 2), "--seed", str(seed)]
-    argv = test_pretrain.pretrain_argv(
-        corpus_dir, output, "--max-steps", "2", "--batch-size", "2", "--seed", str(seed)
-    )
+        return [*job_argv("ict", corpus_dir, output, 2), "--seed", str(seed)]
+    argv = pretrain_argv(corpus_dir, output, "--max-steps", "2", "--batch-size", "2", "--seed", str(seed))
     return ["train", "pretrain", *argv]
 
 
 @pytest.mark.parametrize("job", ["ict", "pretrain"])
-def test_a_second_run_into_the_output_of_a_running_one_is_refused_at_once(job, corpus, tmp_path, monkeypatch, capsys):
+def test_a_second_run_into_the_output_of_a_running_one_is_refused_at_once(
+    job, world_corpus, tmp_path, monkeypatch, capsys
+):
     output, inside, go, results = tmp_path / "out", threading.Event(), threading.Event(), {}
     training_step = transformers.Trainer.training_step
 
@@ -127,13 +123,13 @@ def test_a_second_run_into_the_output_of_a_running_one_is_refused_at_once(job, c
     monkeypatch.setattr(transformers.Trainer, "training_step", held_step)
 
     def first() -> None:
-        results["first"] = main(run_argv(job, corpus, output, seed=1))
+        results["first"] = main(run_argv(job, world_corpus, output, seed=1))
 
     thread = threading.Thread(target=first, name="first")
     thread.start()
     try:
         assert inside.wait(WAIT_SECONDS)
-        results["second"] = main(run_argv(job, corpus, output, seed=2))
+        results["second"] = main(run_argv(job, world_corpus, output, seed=2))
     finally:
         go.set()
         thread.join(WAIT_SECONDS)

@@ -10,7 +10,7 @@ import stat
 import tempfile
 
 import pytest
-from conftest import fixture_folder, fixture_tokenizer, make_openqa_model, tiny_realm_config
+from helpers import fixture_folder, fixture_tokenizer, make_openqa_model, tiny_realm_config
 
 import openrealm
 from openrealm import RealmEmbedder, RealmRetriever

@@ -5,9 +5,7 @@ import multiprocessing
 
 import pytest
 import torch
-from conftest import assert_same_top_k
-from test_index import duplicated_integer_blocks
-from test_index_builder import tiny_embedder, write_corpus
+from helpers import assert_same_top_k, duplicated_integer_blocks, tiny_embedder, write_corpus
 
 from openrealm import RealmBlockIndex, ShardedBlockIndex
 from openrealm.index_realm import save_block_emb_shard, write_sharded_index

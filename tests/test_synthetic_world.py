@@ -91,7 +91,8 @@ def test_same_seed_writes_identical_files(tmp_path):
 
 
 def test_same_seed_writes_identical_files_in_another_process_with_another_hash_seed(tmp_path):
-    # The module needs only the standard library and openrealm.file_utils, so a bare interpreter loads it from its file.
+    # The module needs only the standard library and openrealm's file_utils and jsonl, so an interpreter loads it from
+    # its file alone.
     code = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('world_module', {str(MODULE_PATH)!r})\n"

@@ -1,11 +1,11 @@
-"""RealmTokenizer: BERT uncased WordPiece ids identical to transformers 4.57.6 (slow and fast), batch_encode_candidates,
-and resolution of legacy tokenizer configs through AutoTokenizer."""
+"""RealmTokenizer: BERT uncased WordPiece ids identical to transformers 4.57.6 (slow and fast),
+batch_encode_candidates, and resolution of legacy tokenizer configs through AutoTokenizer."""
 
 import json
 
 import pytest
 import torch
-from conftest import FIXTURES, fixture_folder
+from helpers import FIXTURES, fixture_folder
 from transformers import AutoTokenizer
 
 from openrealm import RealmTokenizer, RealmTokenizerFast

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, fixture_folder, fixture_tokenizer, tiny_config_kwargs
+from helpers import FIXTURES, fixture_folder, fixture_tokenizer, tiny_config_kwargs
 from safetensors.torch import load_file, save_file
 from transformers import BatchEncoding
 

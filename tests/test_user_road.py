@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import RecordingHfApi
 from safetensors.torch import load_file
-from test_push import RecordingHfApi
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -155,7 +155,8 @@ def test_a_user_road_from_a_bert_checkpoint_to_the_pipeline(tmp_path, recorded_l
 
     # 5. Open-QA fine-tuning from the pre-training output.
     run_cli("train", "openqa", "--model", str(pretrain), "--corpus", str(corpus), "--output", str(openqa),
-            "--train", str(tmp_path / "world" / "questions_train.jsonl"), "--max-steps", "2", "--no-progress")  # fmt: skip
+            "--train", str(tmp_path / "world" / "questions_train.jsonl"), "--max-steps", "2",
+            "--no-progress")  # fmt: skip
     assert_loaded_as_saved(recorded_loads, "RealmEmbedder", pretrain / "embedder")
     assert_loaded_as_saved(recorded_loads, "RealmKnowledgeAugEncoder", pretrain / "encoder")
 

@@ -2,7 +2,6 @@
 destination reached through a symbolic link is written where the link points (docs/guarantees.md)."""
 
 import json
-import logging
 import os
 import shutil
 import signal
@@ -12,10 +11,19 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import fixture_folder, make_openqa_model
-from test_corpus_edit import FACT, write_jsonl
-from test_ict import TINY
-from test_index_builder import TEXTS, tiny_embedder, write_corpus
+from helpers import (
+    FACT,
+    LOCK_HOLDER,
+    TEXTS,
+    TINY,
+    WAIT_SECONDS,
+    files_under,
+    fixture_folder,
+    make_openqa_model,
+    tiny_embedder,
+    write_corpus,
+    write_jsonl,
+)
 
 import openrealm
 from openrealm import RealmRetriever, file_utils
@@ -26,24 +34,6 @@ from openrealm.trainers.cli import main
 from openrealm.trainers.indexing import build_index
 
 OTHER = {"title": "quorblat", "text": "quorblat is another fictional moon , seen first in 2040 ."}
-WAIT_SECONDS = 120  # a safety net against a hang: every wait below ends on an event long before
-
-
-def files_under(folder: Path) -> dict[str, bytes]:
-    """{relative path: content} of every file under folder (what a refused command must leave as it was)."""
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
-
-
-class WaitingWriters(logging.Handler):
-    """Sets `event` when a writer says that it waits for another writer of the same folder (file_utils.writer_lock)."""
-
-    def __init__(self, event: threading.Event):
-        super().__init__()
-        self.event = event
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "Waiting for another writer" in record.getMessage():
-            self.event.set()
 
 
 @pytest.fixture
@@ -52,17 +42,6 @@ def corpus(tmp_path) -> Path:
     folder = write_corpus(tmp_path / "corpus")
     build_index(tiny_embedder(), folder, folder / "block_index", layout="plain", progress=False)
     return folder
-
-
-@pytest.fixture
-def waiting():
-    """An event set when a writer starts waiting for another one."""
-    event = threading.Event()
-    handler = WaitingWriters(event)
-    logger = logging.getLogger("openrealm.file_utils")
-    logger.addHandler(handler)
-    yield event
-    logger.removeHandler(handler)
 
 
 def race(monkeypatch, waiting, first, second, held=corpus_edit) -> dict:
@@ -173,15 +152,6 @@ def test_a_corpus_whose_files_disagree_is_refused_by_every_writer(corpus, tmp_pa
     with pytest.raises(ValueError, match=f"holds {2 * len(TEXTS)} blocks but .*corpus_config.json says {len(TEXTS)}"):
         edit(corpus, **change)()
     assert files_under(corpus) == before
-
-
-LOCK_HOLDER = """
-import sys
-from openrealm.file_utils import writer_lock
-with writer_lock(sys.argv[1]):
-    print("held", flush=True)
-    sys.stdin.readline()
-"""
 
 
 def test_a_writer_waits_for_a_writer_of_the_same_folder_in_another_process(tmp_path, waiting):

@@ -1100,7 +1100,9 @@ def write_transformers4_api_fixtures(config):
             "blocks": API_BLOCKS,
             "loaded_by_4_57_6": {
                 "tokenizer_class": type(retriever.tokenizer).__name__,
-                "block_records_type": f"numpy.ndarray {retriever.block_records.dtype} {list(retriever.block_records.shape)}",
+                "block_records_type": (
+                    f"numpy.ndarray {retriever.block_records.dtype} {list(retriever.block_records.shape)}"
+                ),
                 "num_blocks": len(retriever.block_records),
             },
         },
