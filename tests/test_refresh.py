@@ -354,6 +354,43 @@ def test_the_long_lived_builder_exits_when_its_input_ends(world_corpus, tmp_path
     assert "Wrote exact index version 5" in (snapshot / "build.log").read_text()
 
 
+# A served builder whose version write stops half-way (in RealmBlockIndex.write_files) until it is terminated.
+WRITE_STALLS = """
+import sys, time
+from openrealm.index_realm import RealmBlockIndex
+from openrealm.trainers.pretraining import builder
+
+write_files = RealmBlockIndex.write_files
+
+def stalled(self, directory):
+    write_files(self, directory)
+    print("writing", flush=True)
+    time.sleep(60)
+
+RealmBlockIndex.write_files = stalled
+sys.exit(builder.main(sys.argv[1:]))
+"""
+
+
+def test_a_builder_terminated_while_it_writes_a_version_leaves_no_lock_or_staging_folder(world_corpus, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(world_corpus)
+    snapshot, root = tmp_path / "snapshot", tmp_path / "index"
+    tiny_embedder_for(tokenizer).save_pretrained(snapshot)
+    command = [sys.executable, "-c", WRITE_STALLS, "serve", "--corpus", str(world_corpus), "--output", str(root)]
+    builder = subprocess.Popen([*command, "--device", "cpu", "--quiet"], stdin=subprocess.PIPE, text=True)
+    builder.stdin.write(build_request(snapshot, 1))
+    builder.stdin.flush()
+    log = snapshot / "build.log"
+    deadline = time.monotonic() + BUILD_TIMEOUT
+    while "writing" not in (log.read_text() if log.is_file() else ""):
+        assert time.monotonic() < deadline and builder.poll() is None
+        time.sleep(0.05)
+    assert [p.name for p in root.iterdir() if p.name.startswith(".")]  # the version's lock and staging folder
+    builder.terminate()  # what the refresh does to a build still running when training ends
+    assert builder.wait(timeout=30) != 0
+    assert not root.exists()  # no lock, no staging folder, and the index root this first build made goes too
+
+
 @pytest.mark.parametrize(
     ("num_gpus", "local_world_size", "device"),
     [(0, 1, "cpu"), (0, 2, "cpu"), (1, 1, "cuda:0"), (8, 8, "cuda:0"), (8, 7, "cuda:7"), (2, 1, "cuda:1")],

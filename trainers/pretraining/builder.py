@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,7 +110,14 @@ def serve(args: argparse.Namespace, requests=None) -> int:
     return 0
 
 
+def exit_on_terminate() -> None:
+    """Make SIGTERM (the refresh stopping a build when training ends) raise SystemExit in this process, so that the
+    build's cleanup runs as it does for an error: its staging folder and its lock file are removed."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str] | None = None) -> int:
+    exit_on_terminate()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["serve"]:
         parser = argparse.ArgumentParser(
