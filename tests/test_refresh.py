@@ -388,6 +388,7 @@ def test_a_builder_terminated_while_it_writes_a_version_leaves_no_lock_or_stagin
     assert [p.name for p in root.iterdir() if p.name.startswith(".")]  # the version's lock and staging folder
     builder.terminate()  # what the refresh does to a build still running when training ends
     assert builder.wait(timeout=30) != 0
+    builder.stdin.close()
     assert not root.exists()  # no lock, no staging folder, and the index root this first build made goes too
 
 
