@@ -15,11 +15,15 @@ from datasets import Dataset
 from openrealm import BlockRecords, RealmRetriever, RealmTokenizer
 from openrealm.tokenization.corpus import (
     batch_retriever_inputs,
+    block_columns,
+    block_features,
     block_retriever_inputs,
     build_corpus,
+    document_uid,
     duplicate_rows,
     load_corpus,
     run,
+    save_blocks,
 )
 from openrealm.trainers.cli import main
 from openrealm.trainers.options import corpus_build
@@ -431,6 +435,78 @@ def test_duplicate_blocks_are_dropped_by_default_keeping_the_first_of_each(tmp_p
     config = json.loads((tmp_path / "c" / "corpus_config.json").read_text())
     assert (config["deduplicate"], config["num_duplicate_blocks"], config["num_duplicates_dropped"]) == (True, 0, 3)
     assert (config["num_blocks"], config["num_articles"], config["num_input_articles"]) == (3, 3, 6)
+
+
+def test_duplicates_spread_over_several_packed_files_and_record_batches_are_dropped_keeping_the_first_in_order(
+    tmp_path, tokenizer
+):
+    # 2,400 one-block articles of 1,400 distinct (title, text) pairs, packed by two processes: two Arrow files of
+    # 1,000-row record batches, duplicates in both and of rows of the other; 1,400 blocks kept (two output batches).
+    rng = np.random.default_rng(0)
+    distinct = [(f"t{i // 2}", ("The nile flows.", "Paris is a city.")[i % 2]) for i in range(1400)]
+    order = np.concatenate([rng.permutation(1400), rng.integers(0, 1400, size=1000)])
+    pairs = [distinct[i] for i in order]
+    first = sorted({pair: row for row, pair in reversed(list(enumerate(pairs)))}.values())
+    blocks = build_corpus(articles(*pairs), tmp_path / "c", tokenizer, num_proc=2, batch_size=200, progress=False)
+    assert blocks["article_id"] == first and blocks["block_id"] == list(range(len(first)))
+    assert list(zip(blocks["title"], blocks["text"])) == [pairs[row] for row in first]
+    records = BlockRecords.open(tmp_path / "c" / "block_records.safetensors")
+    assert [(records.title(i), records.text(i)) for i in range(len(records))] == [pairs[row] for row in first]
+    config = json.loads((tmp_path / "c" / "corpus_config.json").read_text())
+    assert (config["num_blocks"], config["num_articles"], config["num_duplicates_dropped"]) == (1400, 1400, 1000)
+
+
+def packed_blocks(num_rows: int, num_distinct: int) -> Dataset:
+    """Blocks as pack_articles returns them (COLUMNS but block_id) in three Arrow chunks: row i is article i, with
+    one of num_distinct (title, text) pairs drawn at random, so that later rows repeat earlier ones."""
+    from datasets import concatenate_datasets
+
+    features = block_features()
+    del features["block_id"]
+    rows = []
+    for row, pair in enumerate(np.random.default_rng(0).integers(0, num_distinct, size=num_rows).tolist()):
+        title, text = f"t{pair}", "one two. " * (pair % 7 + 1)
+        rows.append(dict(article_id=row, uid=document_uid(title, text), title=title, text=text, title_ids=[pair]))
+        rows[-1].update(token_ids=list(range(pair % 5 + 1)), sentence_starts=[0], sentence_char_starts=[0])
+        rows[-1].update(sentence_char_ends=[len(text)], span_char_starts=[0], span_char_ends=[3], span_labels=["LOC"])
+    bounds = [0, num_rows // 4, num_rows * 3 // 4, num_rows]
+    blocks = concatenate_datasets(
+        [Dataset.from_list(rows[a:b], features=features) for a, b in zip(bounds, bounds[1:])]
+    )
+    return blocks.with_format(None)  # no format columns, as pack_articles's blocks
+
+
+@pytest.mark.parametrize("max_shard_size", [None, 60_000])
+def test_save_blocks_writes_the_files_that_datasets_select_and_save_to_disk_write(
+    tmp_path, monkeypatch, max_shard_size
+):
+    import datasets
+    import pyarrow as pa
+    from datasets import Value, load_from_disk
+
+    if max_shard_size is not None:  # 250 KB of rows kept: five shards
+        monkeypatch.setattr(datasets.config, "MAX_SHARD_SIZE", max_shard_size)
+    blocks = packed_blocks(2600, 1800)
+    duplicates = duplicate_rows(blocks.data.column("uid"))
+    kept = np.setdiff1d(np.arange(len(blocks)), duplicates)
+    expected = blocks.select(kept).flatten_indices()
+    expected = expected.add_column("block_id", np.arange(len(kept)), feature=Value("int64"))
+    expected.select_columns(block_columns(False)).save_to_disk(tmp_path / "expected")
+    written = save_blocks(blocks, tmp_path / "blocks", duplicates, first_block_id=0, columns=block_columns(False))
+    assert written == len(kept) == 1362  # two record batches of 1,000 rows at most
+    names = sorted(os.listdir(tmp_path / "expected"))
+    assert sorted(os.listdir(tmp_path / "blocks")) == names
+    assert len(names) == 2 + (1 if max_shard_size is None else 5)  # the shards, state.json, dataset_info.json
+    for name in names[:-2]:  # each shard: the same schema (features) and record batches
+        ours, theirs = (pa.ipc.open_stream((tmp_path / f / name).read_bytes()) for f in ("blocks", "expected"))
+        assert ours.schema.equals(theirs.schema, check_metadata=True)
+        assert [batch.num_rows for batch in ours] == [batch.num_rows for batch in theirs], name
+    assert load_from_disk(tmp_path / "blocks").data.table.equals(load_from_disk(tmp_path / "expected").data.table)
+    assert (tmp_path / "blocks" / "dataset_info.json").read_text() == (
+        tmp_path / "expected" / "dataset_info.json"
+    ).read_text()
+    state, expected_state = (json.loads((tmp_path / f / "state.json").read_text()) for f in ("blocks", "expected"))
+    assert state.pop("_fingerprint") != expected_state.pop("_fingerprint") and state == expected_state
 
 
 def test_duplicate_rows_of_sha1_uids_agree_with_comparing_the_strings_across_chunks():

@@ -219,18 +219,109 @@ def count_duplicate_blocks(uids, removed_ids=()) -> int:
 
 def drop_duplicate_blocks(blocks, scratch: str, drop: bool = True):
     """(blocks, number of rows duplicating an earlier row): without those rows when drop (the others keep their order;
-    the new table is written to `scratch`), else as given. blocks: a datasets.Dataset with a "uid" column and no
-    indices mapping (what pack_articles returns)."""
+    the new table is written to `scratch` by save_blocks), else as given. blocks: a datasets.Dataset with a "uid"
+    column and no indices mapping (what pack_articles returns)."""
+    from datasets import load_from_disk
+
     duplicates = duplicate_rows(blocks.data.column("uid"))
     if drop and len(duplicates):
-        keep = np.ones(len(blocks), dtype=bool)
-        keep[duplicates] = False
-        keep = np.flatnonzero(keep)
-        blocks = blocks.select(keep).flatten_indices(  # an inner step: its bar shows with --verbose only
-            cache_file_name=os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}.arrow"),
-            new_fingerprint=uuid.uuid4().hex,
-        )
+        folder = os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}")
+        save_blocks(blocks, folder, skip_rows=duplicates)
+        blocks = load_from_disk(folder)
     return blocks, len(duplicates)
+
+
+def save_blocks(
+    blocks,
+    directory: str | os.PathLike,
+    skip_rows: np.ndarray | Sequence[int] = (),
+    first_block_id: int | None = None,
+    columns: Sequence[str] | None = None,
+) -> int:
+    """Write `blocks` less the rows `skip_rows` to `directory` as datasets' `save_to_disk` writes a folder (what
+    `load_from_disk` and load_corpus read: its shards, record batches, state.json and dataset_info.json); returns the
+    number of rows written.
+
+    blocks: a datasets.Dataset without an indices mapping (what pack_articles returns). skip_rows: sorted row numbers
+    [D] (duplicate_rows). first_block_id: add a "block_id" column (int64), first_block_id + the row's number among
+    those written. columns: the columns written, in this order (default: those of blocks, then block_id).
+
+    The rows go from the (memory-mapped) table to the shard files in record batches of at most 1,000 rows (as
+    save_to_disk writes them), so that memory does not grow with the rows: no index of the rows kept, no copy of them
+    but the one written (datasets' select + flatten_indices would hold 8 bytes a row and write the rows twice). As in
+    save_to_disk, the shards are contiguous, of equal row counts, of about 500 MB at most (datasets.config.
+    MAX_SHARD_SIZE; the size of the rows kept is estimated in proportion to their number)."""
+    import pyarrow as pa
+    from datasets import Features, Value, config
+    from datasets.arrow_writer import ArrowWriter, get_writer_batch_size_from_data_size
+    from datasets.utils.py_utils import asdict, convert_file_size_to_int
+
+    if blocks._indices is not None:  # its table's rows are not its rows
+        raise ValueError("save_blocks takes blocks without an indices mapping (call flatten_indices() first)")
+    directory = os.fspath(directory)
+    skip = np.asarray(skip_rows, dtype=np.int64)
+    features = blocks.features.copy()
+    if first_block_id is not None:
+        features["block_id"] = Value("int64")
+    columns = list(columns) if columns is not None else list(features)
+    features = Features({name: features[name] for name in columns})
+    table = blocks.data.table.select([name for name in columns if name != "block_id"])
+    num_rows = table.num_rows - len(skip)
+    nbytes = table.nbytes * num_rows // max(table.num_rows, 1) + (8 * num_rows if first_block_id is not None else 0)
+    num_shards = max(1, min(num_rows, nbytes // convert_file_size_to_int(config.MAX_SHARD_SIZE) + 1))
+    batch_rows = config.DEFAULT_MAX_BATCH_SIZE
+    if nbytes:
+        batch_rows = min(batch_rows, get_writer_batch_size_from_data_size(num_rows, nbytes))
+    kept_before = skip - np.arange(len(skip))  # rows kept before each skipped row
+
+    def table_row(k: int) -> int:  # the table's row of the k-th row written: k + the skipped rows before it
+        return k + int(np.searchsorted(kept_before, k, side="right"))
+
+    def rows(start: int, stop: int):  # the rows [start, stop) written, as one table
+        first, last = table_row(start), table_row(stop - 1)
+        piece = table.slice(first, last + 1 - first)
+        inside = skip[np.searchsorted(skip, first) : np.searchsorted(skip, last + 1)] - first
+        if len(inside):
+            keep = np.ones(piece.num_rows, dtype=bool)
+            keep[inside] = False
+            piece = piece.filter(pa.array(keep))
+        arrays = {name: piece.column(name) for name in piece.column_names}
+        if first_block_id is not None:
+            arrays["block_id"] = pa.array(np.arange(first_block_id + start, first_block_id + stop, dtype=np.int64))
+        return pa.table([arrays[name] for name in columns], names=columns)
+
+    os.makedirs(directory, exist_ok=True)
+    names = [f"data-{shard:05d}-of-{num_shards:05d}.arrow" for shard in range(num_shards)]
+    per_shard, extra = divmod(num_rows, num_shards)
+    start = 0
+    for shard, name in enumerate(names):
+        stop = start + per_shard + (shard < extra)
+        writer = ArrowWriter(features=features, path=os.path.join(directory, name), embed_local_files=True)
+        try:
+            for batch_start in range(start, stop, batch_rows):
+                writer.write_table(rows(batch_start, min(batch_start + batch_rows, stop)))
+            writer.finalize()
+        finally:
+            writer.close()
+        pa.default_memory_pool().release_unused()
+        start = stop
+    state = {
+        "_data_files": [{"filename": name} for name in names],
+        "_fingerprint": uuid.uuid4().hex[:16],  # as random as datasets' own (64 bits)
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None if blocks.split is None else str(blocks.split),
+    }
+    info = blocks.info.copy()
+    info.features = features
+    info = asdict(info)
+    with open(os.path.join(directory, config.DATASET_STATE_JSON_FILENAME), "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=2, sort_keys=True)
+    with open(os.path.join(directory, config.DATASET_INFO_FILENAME), "w", encoding="utf-8") as f:
+        json.dump({key: info[key] for key in sorted(info)}, f, indent=2)  # as save_to_disk writes it
+    return num_rows
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -820,7 +911,7 @@ def build_corpus(
 
     Everything is written to a temporary sibling of output_dir and renamed when complete: a failure leaves nothing.
     """
-    from datasets import Dataset, Value, load_from_disk
+    from datasets import Dataset, load_from_disk
 
     output_dir = os.path.abspath(os.fspath(output_dir))
     inputs = [] if isinstance(source, Dataset) else _source_paths(source)
@@ -845,15 +936,21 @@ def build_corpus(
             blocks, num_cut = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
-            blocks, num_duplicates = drop_duplicate_blocks(blocks, scratch, deduplicate)
-            num_articles = count_distinct_in_order(blocks.data.column("article_id"))
-            # Block ids are row numbers, known only once every process has packed its share.
-            blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
-            blocks.select_columns(block_columns(passages_as_blocks)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
-            num_input_articles, num_blocks = len(articles), len(blocks)
-            del blocks, articles
+            duplicates = duplicate_rows(blocks.data.column("uid"))
+            # blocks/ straight from the packed blocks, less the duplicates; block ids are the row numbers written
+            # (known only once every process has packed its share)
+            num_blocks = save_blocks(
+                blocks,
+                os.path.join(staging, BLOCKS_DIR),
+                skip_rows=duplicates if deduplicate else (),
+                first_block_id=0,
+                columns=block_columns(passages_as_blocks),
+            )
+            num_duplicates, num_input_articles = len(duplicates), len(articles)
+            del blocks, articles, duplicates
             shutil.rmtree(scratch, ignore_errors=True)
             saved = load_from_disk(os.path.join(staging, BLOCKS_DIR))
+            num_articles = count_distinct_in_order(saved.data.column("article_id"))
             _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved, passages_as_blocks)
             tokenizer.save_pretrained(staging)
             config = {
@@ -1267,5 +1364,6 @@ __all__ = [
     "read_corpus_config",
     "read_removed_block_ids",
     "run",
+    "save_blocks",
     "write_removed_block_ids",
 ]
