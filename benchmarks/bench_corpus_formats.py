@@ -89,6 +89,8 @@ def tree_memory(process) -> tuple[int, int]:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
             continue
+        if "VmRSS" not in fields:  # a child exiting (a zombie) holds no memory
+            continue
         rss += int(fields["VmRSS"].split()[0]) * 1024
         anonymous += int(fields["RssAnon"].split()[0]) * 1024
     return rss, anonymous
