@@ -521,6 +521,26 @@ def test_duplicate_rows_of_sha1_uids_agree_with_comparing_the_strings_across_chu
     assert duplicate_rows([uid.upper() for uid in uids]).tolist() == expected  # not lowercase hex: strings compared
 
 
+def test_duplicate_rows_of_a_memory_mapped_column_copies_only_the_rows_whose_prefix_repeats(tmp_path):
+    import pyarrow as pa
+
+    # 100,000 uids (4.4 MB) in 100 record batches, as a corpus's blocks/ holds them; 990 repeat an earlier one
+    uids = [hashlib.sha1(str(i if i % 100 else i // 100).encode()).hexdigest() for i in range(100_000)]
+    table = pa.table({"uid": uids})
+    with pa.OSFile(str(tmp_path / "uids.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=1000):
+            writer.write_batch(batch)
+    column = pa.ipc.open_file(pa.memory_map(str(tmp_path / "uids.arrow"))).read_all().column("uid")
+    default, pool = pa.default_memory_pool(), pa.proxy_memory_pool(pa.default_memory_pool())
+    pa.set_memory_pool(pool)  # its peak is the search's own
+    try:
+        found = duplicate_rows(column)
+    finally:
+        pa.set_memory_pool(default)
+    assert found.tolist() == [100 * k for k in range(1, 1000) if k % 100]
+    assert pool.max_memory() < table.nbytes / 10  # not a copy of the column, only the 1,980 rows compared whole
+
+
 def test_uids_sharing_their_first_64_bits_are_not_duplicates_unless_equal():
     a, b = "0123456789abcdef" + "0" * 24, "0123456789abcdef" + "1" * 24
     assert duplicate_rows([a, b, a, b]).tolist() == [2, 3]

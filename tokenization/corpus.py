@@ -136,7 +136,7 @@ def duplicate_rows(uids) -> np.ndarray:
 
     Memory: hex SHA-1 uids (document_uid's) are compared by their first 64 bits first (8 bytes a row, sorted in place
     in numpy, against some 400 bytes a row for hashing the strings in Arrow), and only the rows whose 64 bits repeat
-    are compared whole: a 21M-block corpus is deduplicated in some 200 MB."""
+    are compared whole (taken chunk by chunk): a 21M-block corpus is deduplicated in some 170 MB."""
     import pyarrow as pa
 
     column = uids if isinstance(uids, (pa.Array, pa.ChunkedArray)) else pa.array(list(uids), type=pa.string())
@@ -154,12 +154,14 @@ def duplicate_rows(uids) -> np.ndarray:
     del keys
     if not len(repeated):
         return np.zeros(0, dtype=np.int64)
-    candidates, start = [], 0
+    candidates, values, start = [], [], 0
     for chunk in chunks:  # the rows whose prefix repeats: their uids are compared whole
-        candidates.append(start + np.flatnonzero(np.isin(_sha1_prefixes(chunk), repeated)))
+        rows = np.flatnonzero(np.isin(_sha1_prefixes(chunk), repeated))
+        candidates.append(start + rows)
+        values.append(chunk.take(pa.array(rows)))  # chunk by chunk: a ChunkedArray's take joins all its chunks first
         start += len(chunk)
     candidates = np.concatenate(candidates).astype(np.int64)
-    return _first_occurrence_duplicates(column.take(pa.array(candidates)), candidates)
+    return _first_occurrence_duplicates(pa.chunked_array(values, type=column.type), candidates)
 
 
 def _first_occurrence_duplicates(uids, rows: np.ndarray) -> np.ndarray:
