@@ -14,6 +14,7 @@ from datasets import Dataset
 
 from openrealm import BlockRecords, RealmRetriever, RealmTokenizer
 from openrealm.tokenization.corpus import (
+    BlockBuilder,
     batch_retriever_inputs,
     block_columns,
     block_features,
@@ -22,6 +23,7 @@ from openrealm.tokenization.corpus import (
     document_uid,
     duplicate_rows,
     load_corpus,
+    pack_articles,
     run,
     save_blocks,
 )
@@ -454,6 +456,16 @@ def test_duplicates_spread_over_several_packed_files_and_record_batches_are_drop
     assert [(records.title(i), records.text(i)) for i in range(len(records))] == [pairs[row] for row in first]
     config = json.loads((tmp_path / "c" / "corpus_config.json").read_text())
     assert (config["num_blocks"], config["num_articles"], config["num_duplicates_dropped"]) == (1400, 1400, 1000)
+
+
+def test_passages_are_packed_in_arrow_record_batches_of_1000_blocks_by_default(tmp_path, tokenizer):
+    # each record batch of the packed table costs memory while the build holds it: few batches, not one per 256 rows
+    passages = Dataset.from_dict({"title": ["paris"] * 2500, "text": [f"Paris {i}." for i in range(2500)]})
+    passages = passages.add_column("passage_id", [str(i) for i in range(2500)])
+    builder = BlockBuilder(tokenizer, passages=True)
+    blocks, _ = pack_articles(passages, builder, str(tmp_path), progress=False)
+    assert [len(chunk) for chunk in blocks.data.column("uid").chunks] == [1000, 1000, 500]
+    assert blocks["passage_id"] == [str(i) for i in range(2500)]
 
 
 def packed_blocks(num_rows: int, num_distinct: int) -> Dataset:

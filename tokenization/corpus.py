@@ -67,6 +67,11 @@ _LEGACY_TOKENIZER_FILES = frozenset(
     {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "added_tokens.json"}
 )
 MAX_BLOCK_LENGTH = 288
+# Articles, or passages (passages_as_blocks), per map batch when the caller names none. A map batch's blocks are one
+# Arrow record batch of the packed blocks (at most 1,000 rows), and each record batch of an open memory-mapped table
+# holds some 10 KB of memory: one block per passage in batches of 256 would cost some 40 bytes a passage.
+ARTICLES_PER_BATCH = 256
+PASSAGES_PER_BATCH = 1000
 COLUMNS = (
     "block_id",
     "article_id",
@@ -866,7 +871,7 @@ def build_corpus(
     max_block_length: int = MAX_BLOCK_LENGTH,
     num_proc: int = 1,
     span_annotator: SpanAnnotator | Callable[[], SpanAnnotator] | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     overwrite: bool = False,
     page_filter: bool = True,
     html_unescape: bool = True,
@@ -899,7 +904,8 @@ def build_corpus(
         or a zero-argument factory of one, called once in each process (use it for heavy models); it must pickle
         when num_proc > 1. Spans are stored as offsets in the block text; spans not inside their sentence are dropped.
         An annotator with `annotate_batch(sentences)` gets whole batches of sentences. None: no spans.
-    batch_size: articles per `map` batch.
+    batch_size: articles per `map` batch (default ARTICLES_PER_BATCH, 256; with passages_as_blocks PASSAGES_PER_BATCH,
+        1,000 passages).
     progress: show the packing bar (True) or not (False) whatever datasets' progress-bar setting; None follows it.
     overwrite: replace an existing corpus at output_dir (only once the new one is complete). Refused when that would
         delete anything a build did not write: a folder that is not a corpus (unless empty), a corpus folder holding
@@ -1009,16 +1015,20 @@ def pack_articles(
     builder: BlockBuilder,
     scratch: str,
     num_proc: int = 1,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     first_id: int = 0,
     progress: bool | None = None,
 ) -> tuple[Any, int]:
     """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> (their blocks (all COLUMNS but
     block_id), in article order; the number of passages cut to fit a block (builder.passages; else 0)). With
     builder.passages the articles also hold "passage_id", and so do the blocks. datasets' cache files go to
-    `scratch`. Refuses input that makes no block. progress: show the "Packing articles into blocks" bar or not,
+    `scratch`. Refuses input that makes no block. batch_size: articles per map batch (None: ARTICLES_PER_BATCH, or
+    PASSAGES_PER_BATCH with builder.passages). progress: show the "Packing articles into blocks" bar or not,
     whatever datasets' setting (None: follow it)."""
     from datasets import Value
+
+    if batch_size is None:
+        batch_size = PASSAGES_PER_BATCH if builder.passages else ARTICLES_PER_BATCH
 
     features = block_features(passages=builder.passages)
     del features["block_id"]
