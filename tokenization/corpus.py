@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from openrealm.block_records import BlockRecords
-from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
+from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error, path_within
 from openrealm.tokenization.sources import (
     PASSAGE_ID,
     InputOptions,
@@ -944,6 +944,14 @@ def build_corpus(
             blocks, num_cut = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
+            # The articles' Arrow copy in the scratch folder (of a file input) is not read again: its memory and disk
+            # go before blocks/ is written. A saved or Hub dataset's files are not in it.
+            num_input_articles, copies = len(articles), [entry["filename"] for entry in articles.cache_files]
+            del articles
+            for path in copies:
+                if path_within(path, scratch):
+                    with contextlib.suppress(OSError):  # where a mapped file cannot go yet, it goes with the scratch
+                        os.remove(path)
             duplicates = duplicate_rows(blocks.data.column("uid"))
             # blocks/ straight from the packed blocks, less the duplicates; block ids are the row numbers written
             # (known only once every process has packed its share)
@@ -954,8 +962,8 @@ def build_corpus(
                 first_block_id=0,
                 columns=block_columns(passages_as_blocks),
             )
-            num_duplicates, num_input_articles = len(duplicates), len(articles)
-            del blocks, articles, duplicates
+            num_duplicates = len(duplicates)
+            del blocks, duplicates
             shutil.rmtree(scratch, ignore_errors=True)
             saved = load_from_disk(os.path.join(staging, BLOCKS_DIR))
             num_articles = count_distinct_in_order(saved.data.column("article_id"))
