@@ -68,8 +68,9 @@ _LEGACY_TOKENIZER_FILES = frozenset(
 )
 MAX_BLOCK_LENGTH = 288
 # Articles, or passages (passages_as_blocks), per map batch when the caller names none. A map batch's blocks are one
-# Arrow record batch of the packed blocks (at most 1,000 rows), and each record batch of an open memory-mapped table
-# holds some 10 KB of memory: one block per passage in batches of 256 would cost some 40 bytes a passage.
+# Arrow record batch of the packed blocks (of 1,000 rows at most), and an open memory-mapped table holds Arrow's
+# objects for each of its record batches: passages, one block each, go 1,000 at a time so that the packed blocks have
+# as few record batches as blocks/ (benchmarks/RESULTS.md, "A corpus of DPR's layout at scale").
 ARTICLES_PER_BATCH = 256
 PASSAGES_PER_BATCH = 1000
 COLUMNS = (
@@ -301,17 +302,20 @@ def save_blocks(
     names = [f"data-{shard:05d}-of-{num_shards:05d}.arrow" for shard in range(num_shards)]
     per_shard, extra = divmod(num_rows, num_shards)
     start = 0
-    for shard, name in enumerate(names):
-        stop = start + per_shard + (shard < extra)
-        writer = ArrowWriter(features=features, path=os.path.join(directory, name), embed_local_files=True)
-        try:
-            for batch_start in range(start, stop, batch_rows):
-                writer.write_table(rows(batch_start, min(batch_start + batch_rows, stop)))
-            writer.finalize()
-        finally:
-            writer.close()
-        pa.default_memory_pool().release_unused()
-        start = stop
+    with _progress(None, num_rows, "Saving the dataset") as bar:  # an inner step: shown with --verbose only
+        for shard, name in enumerate(names):
+            stop = start + per_shard + (shard < extra)
+            writer = ArrowWriter(features=features, path=os.path.join(directory, name), embed_local_files=True)
+            try:
+                for batch_start in range(start, stop, batch_rows):
+                    batch_stop = min(batch_start + batch_rows, stop)
+                    writer.write_table(rows(batch_start, batch_stop))
+                    bar.update(batch_stop - batch_start)
+                writer.finalize()
+            finally:
+                writer.close()
+            pa.default_memory_pool().release_unused()
+            start = stop
     state = {
         "_data_files": [{"filename": name} for name in names],
         "_fingerprint": uuid.uuid4().hex[:16],  # as random as datasets' own (64 bits)
@@ -858,7 +862,8 @@ def _iter_records(blocks, passage_ids: bool = False, batch_size: int = 4096) -> 
         yield from zip(*(batch[name] for name in names))
 
 
-def _progress(iterable: Iterable, total: int, desc: str) -> Iterable:
+def _progress(iterable: Iterable | None, total: int, desc: str) -> Iterable:
+    """A bar of `total` blocks over iterable (None: a bar moved by its update(n)); shown as datasets' bars are."""
     from datasets.utils import tqdm  # tqdm that follows datasets' enable/disable_progress_bars()
 
     return tqdm(iterable, total=total, desc=desc, unit=" blocks")
