@@ -8,6 +8,7 @@ import re
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from datasets import Dataset
@@ -493,7 +494,6 @@ def test_save_blocks_writes_the_files_that_datasets_select_and_save_to_disk_writ
     tmp_path, monkeypatch, max_shard_size
 ):
     import datasets
-    import pyarrow as pa
     from datasets import Value, load_from_disk
 
     if max_shard_size is not None:  # 250 KB of rows kept: five shards
@@ -522,8 +522,6 @@ def test_save_blocks_writes_the_files_that_datasets_select_and_save_to_disk_writ
 
 
 def test_duplicate_rows_of_sha1_uids_agree_with_comparing_the_strings_across_chunks():
-    import pyarrow as pa
-
     rng = np.random.default_rng(0)
     distinct = [hashlib.sha1(str(i).encode()).hexdigest() for i in range(50)]
     uids = [distinct[i] for i in rng.integers(0, 50, size=400)]
@@ -533,9 +531,11 @@ def test_duplicate_rows_of_sha1_uids_agree_with_comparing_the_strings_across_chu
     assert duplicate_rows([uid.upper() for uid in uids]).tolist() == expected  # not lowercase hex: strings compared
 
 
-def test_duplicate_rows_of_a_memory_mapped_column_copies_only_the_rows_whose_prefix_repeats(tmp_path):
-    import pyarrow as pa
+# Counts what Arrow allocates while it is the default pool; never freed, since buffers it allocated may outlive a test.
+COUNTING_POOL = pa.proxy_memory_pool(pa.default_memory_pool())
 
+
+def test_duplicate_rows_of_a_memory_mapped_column_copies_only_the_rows_whose_prefix_repeats(tmp_path):
     # 100,000 uids (4.4 MB) in 100 record batches, as a corpus's blocks/ holds them; 990 repeat an earlier one
     uids = [hashlib.sha1(str(i if i % 100 else i // 100).encode()).hexdigest() for i in range(100_000)]
     table = pa.table({"uid": uids})
@@ -543,14 +543,14 @@ def test_duplicate_rows_of_a_memory_mapped_column_copies_only_the_rows_whose_pre
         for batch in table.to_batches(max_chunksize=1000):
             writer.write_batch(batch)
     column = pa.ipc.open_file(pa.memory_map(str(tmp_path / "uids.arrow"))).read_all().column("uid")
-    default, pool = pa.default_memory_pool(), pa.proxy_memory_pool(pa.default_memory_pool())
-    pa.set_memory_pool(pool)  # its peak is the search's own
+    default = pa.default_memory_pool()
+    pa.set_memory_pool(COUNTING_POOL)  # its peak is the search's own
     try:
         found = duplicate_rows(column)
     finally:
         pa.set_memory_pool(default)
     assert found.tolist() == [100 * k for k in range(1, 1000) if k % 100]
-    assert pool.max_memory() < table.nbytes / 10  # not a copy of the column, only the 1,980 rows compared whole
+    assert COUNTING_POOL.max_memory() < table.nbytes / 10  # not a copy of the column: the 1,980 rows compared whole
 
 
 def test_uids_sharing_their_first_64_bits_are_not_duplicates_unless_equal():
