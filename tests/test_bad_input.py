@@ -15,7 +15,8 @@ from helpers import fixture_folder, make_openqa_model, tiny_config_kwargs
 
 from openrealm import RealmTokenizer
 from openrealm.tokenization import corpus
-from openrealm.tokenization.corpus import JsonlError, build_corpus, iter_jsonl, load_corpus
+from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization.jsonl import JsonlError, iter_jsonl
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
 from openrealm.trainers.finetuning import read_gold_passages

@@ -8,18 +8,25 @@ import re
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from datasets import Dataset
 
 from openrealm import BlockRecords, RealmRetriever, RealmTokenizer
 from openrealm.tokenization.corpus import (
+    BlockBuilder,
     batch_retriever_inputs,
+    block_columns,
+    block_features,
     block_retriever_inputs,
     build_corpus,
+    document_uid,
     duplicate_rows,
     load_corpus,
+    pack_articles,
     run,
+    save_blocks,
 )
 from openrealm.trainers.cli import main
 from openrealm.trainers.options import corpus_build
@@ -435,9 +442,88 @@ def test_duplicate_blocks_are_dropped_by_default_keeping_the_first_of_each(tmp_p
     assert (config["num_blocks"], config["num_articles"], config["num_input_articles"]) == (3, 3, 6)
 
 
-def test_duplicate_rows_of_sha1_uids_agree_with_comparing_the_strings_across_chunks():
-    import pyarrow as pa
+def test_duplicates_spread_over_several_packed_files_and_record_batches_are_dropped_keeping_the_first_in_order(
+    tmp_path, tokenizer
+):
+    # 2,400 one-block articles of 1,400 distinct (title, text) pairs, packed by two processes: two Arrow files of
+    # 1,000-row record batches, duplicates in both and of rows of the other; 1,400 blocks kept (two output batches).
+    rng = np.random.default_rng(0)
+    distinct = [(f"t{i // 2}", ("The nile flows.", "Paris is a city.")[i % 2]) for i in range(1400)]
+    order = np.concatenate([rng.permutation(1400), rng.integers(0, 1400, size=1000)])
+    pairs = [distinct[i] for i in order]
+    first = sorted({pair: row for row, pair in reversed(list(enumerate(pairs)))}.values())
+    blocks = build_corpus(articles(*pairs), tmp_path / "c", tokenizer, num_proc=2, batch_size=200, progress=False)
+    assert blocks["article_id"] == first and blocks["block_id"] == list(range(len(first)))
+    assert list(zip(blocks["title"], blocks["text"])) == [pairs[row] for row in first]
+    records = BlockRecords.open(tmp_path / "c" / "block_records.safetensors")
+    assert [(records.title(i), records.text(i)) for i in range(len(records))] == [pairs[row] for row in first]
+    config = json.loads((tmp_path / "c" / "corpus_config.json").read_text())
+    assert (config["num_blocks"], config["num_articles"], config["num_duplicates_dropped"]) == (1400, 1400, 1000)
 
+
+def test_passages_are_packed_in_arrow_record_batches_of_1000_blocks_by_default(tmp_path, tokenizer):
+    # each record batch of the packed table costs memory while the build holds it: few batches, not one per 256 rows
+    passages = Dataset.from_dict({"title": ["paris"] * 2500, "text": [f"Paris {i}." for i in range(2500)]})
+    passages = passages.add_column("passage_id", [str(i) for i in range(2500)])
+    builder = BlockBuilder(tokenizer, passages=True)
+    blocks, _ = pack_articles(passages, builder, str(tmp_path), progress=False)
+    assert [len(chunk) for chunk in blocks.data.column("uid").chunks] == [1000, 1000, 500]
+    assert blocks["passage_id"] == [str(i) for i in range(2500)]
+
+
+def packed_blocks(num_rows: int, num_distinct: int) -> Dataset:
+    """Blocks as pack_articles returns them (COLUMNS but block_id) in three Arrow chunks: row i is article i, with
+    one of num_distinct (title, text) pairs drawn at random, so that later rows repeat earlier ones."""
+    from datasets import concatenate_datasets
+
+    features = block_features()
+    del features["block_id"]
+    rows = []
+    for row, pair in enumerate(np.random.default_rng(0).integers(0, num_distinct, size=num_rows).tolist()):
+        title, text = f"t{pair}", "one two. " * (pair % 7 + 1)
+        rows.append(dict(article_id=row, uid=document_uid(title, text), title=title, text=text, title_ids=[pair]))
+        rows[-1].update(token_ids=list(range(pair % 5 + 1)), sentence_starts=[0], sentence_char_starts=[0])
+        rows[-1].update(sentence_char_ends=[len(text)], span_char_starts=[0], span_char_ends=[3], span_labels=["LOC"])
+    bounds = [0, num_rows // 4, num_rows * 3 // 4, num_rows]
+    blocks = concatenate_datasets(
+        [Dataset.from_list(rows[a:b], features=features) for a, b in zip(bounds, bounds[1:])]
+    )
+    return blocks.with_format(None)  # no format columns, as pack_articles's blocks
+
+
+@pytest.mark.parametrize("max_shard_size", [None, 60_000])
+def test_save_blocks_writes_the_files_that_datasets_select_and_save_to_disk_write(
+    tmp_path, monkeypatch, max_shard_size
+):
+    import datasets
+    from datasets import Value, load_from_disk
+
+    if max_shard_size is not None:  # 250 KB of rows kept: five shards
+        monkeypatch.setattr(datasets.config, "MAX_SHARD_SIZE", max_shard_size)
+    blocks = packed_blocks(2600, 1800)
+    duplicates = duplicate_rows(blocks.data.column("uid"))
+    kept = np.setdiff1d(np.arange(len(blocks)), duplicates)
+    expected = blocks.select(kept).flatten_indices()
+    expected = expected.add_column("block_id", np.arange(len(kept)), feature=Value("int64"))
+    expected.select_columns(block_columns(False)).save_to_disk(tmp_path / "expected")
+    written = save_blocks(blocks, tmp_path / "blocks", duplicates, first_block_id=0, columns=block_columns(False))
+    assert written == len(kept) == 1362  # two record batches of 1,000 rows at most
+    names = sorted(os.listdir(tmp_path / "expected"))
+    assert sorted(os.listdir(tmp_path / "blocks")) == names
+    assert len(names) == 2 + (1 if max_shard_size is None else 5)  # the shards, state.json, dataset_info.json
+    for name in names[:-2]:  # each shard: the same schema (features) and record batches
+        ours, theirs = (pa.ipc.open_stream((tmp_path / f / name).read_bytes()) for f in ("blocks", "expected"))
+        assert ours.schema.equals(theirs.schema, check_metadata=True)
+        assert [batch.num_rows for batch in ours] == [batch.num_rows for batch in theirs], name
+    assert load_from_disk(tmp_path / "blocks").data.table.equals(load_from_disk(tmp_path / "expected").data.table)
+    assert (tmp_path / "blocks" / "dataset_info.json").read_text() == (
+        tmp_path / "expected" / "dataset_info.json"
+    ).read_text()
+    state, expected_state = (json.loads((tmp_path / f / "state.json").read_text()) for f in ("blocks", "expected"))
+    assert state.pop("_fingerprint") != expected_state.pop("_fingerprint") and state == expected_state
+
+
+def test_duplicate_rows_of_sha1_uids_agree_with_comparing_the_strings_across_chunks():
     rng = np.random.default_rng(0)
     distinct = [hashlib.sha1(str(i).encode()).hexdigest() for i in range(50)]
     uids = [distinct[i] for i in rng.integers(0, 50, size=400)]
@@ -445,6 +531,28 @@ def test_duplicate_rows_of_sha1_uids_agree_with_comparing_the_strings_across_chu
     expected = [row for row, uid in enumerate(uids) if uid in uids[:row]]
     assert duplicate_rows(chunked).tolist() == expected
     assert duplicate_rows([uid.upper() for uid in uids]).tolist() == expected  # not lowercase hex: strings compared
+
+
+# Counts what Arrow allocates while it is the default pool; never freed, since buffers it allocated may outlive a test.
+COUNTING_POOL = pa.proxy_memory_pool(pa.default_memory_pool())
+
+
+def test_duplicate_rows_of_a_memory_mapped_column_copies_only_the_rows_whose_prefix_repeats(tmp_path):
+    # 100,000 uids (4.4 MB) in 100 record batches, as a corpus's blocks/ holds them; 990 repeat an earlier one
+    uids = [hashlib.sha1(str(i if i % 100 else i // 100).encode()).hexdigest() for i in range(100_000)]
+    table = pa.table({"uid": uids})
+    with pa.OSFile(str(tmp_path / "uids.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=1000):
+            writer.write_batch(batch)
+    column = pa.ipc.open_file(pa.memory_map(str(tmp_path / "uids.arrow"))).read_all().column("uid")
+    default = pa.default_memory_pool()
+    pa.set_memory_pool(COUNTING_POOL)  # its peak is the search's own
+    try:
+        found = duplicate_rows(column)
+    finally:
+        pa.set_memory_pool(default)
+    assert found.tolist() == [100 * k for k in range(1, 1000) if k % 100]
+    assert COUNTING_POOL.max_memory() < table.nbytes / 10  # not a copy of the column: the 1,980 rows compared whole
 
 
 def test_uids_sharing_their_first_64_bits_are_not_duplicates_unless_equal():

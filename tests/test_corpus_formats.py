@@ -72,6 +72,30 @@ def test_jsonl_parquet_csv_tsv_and_a_saved_dataset_give_the_same_blocks(tmp_path
         assert titles_and_texts(build(source, tmp_path / f"corpus-{name}")) == EXPECTED, name
 
 
+def arrow_files(folder: Path) -> list[str]:
+    """The Arrow files below folder (hidden folders included), relative to it, sorted."""
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*.arrow"))
+
+
+def test_once_packed_the_build_removes_its_arrow_copy_of_a_tsv_but_never_a_saved_dataset(tmp_path, monkeypatch):
+    from openrealm.tokenization import corpus
+
+    Dataset.from_list(ROWS).save_to_disk(tmp_path / "saved")
+    saved_files = {path: (tmp_path / "saved" / path).read_bytes() for path in arrow_files(tmp_path / "saved")}
+    arrow_files_when_deduplicating, duplicate_rows = [], corpus.duplicate_rows
+
+    def spy(uids):  # the Arrow files of the build's scratch folder when the duplicate search starts
+        scratch = next(path for path in tmp_path.rglob(".scratch") if path.is_dir())
+        arrow_files_when_deduplicating.append(arrow_files(scratch))
+        return duplicate_rows(uids)
+
+    monkeypatch.setattr(corpus, "duplicate_rows", spy)
+    assert titles_and_texts(build(write_tsv(tmp_path / "a.tsv", ROWS), tmp_path / "from-tsv")) == EXPECTED
+    assert titles_and_texts(build(str(tmp_path / "saved"), tmp_path / "from-saved")) == EXPECTED
+    assert arrow_files_when_deduplicating == [["blocks.arrow"], ["blocks.arrow"]]  # the packed blocks alone
+    assert {path: (tmp_path / "saved" / path).read_bytes() for path in arrow_files(tmp_path / "saved")} == saved_files
+
+
 def test_a_glob_reads_its_files_in_sorted_order(tmp_path):
     (tmp_path / "shards").mkdir()
     write_parquet(tmp_path / "shards" / "part-1.parquet", ROWS[1:])

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from openrealm.block_records import BlockRecords
-from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error
+from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error, path_within
 from openrealm.tokenization.jsonl import JsonlError, iter_jsonl, jsonl_id, jsonl_string
 from openrealm.tokenization.sources import (
     PASSAGE_ID,
@@ -69,6 +69,12 @@ _LEGACY_TOKENIZER_FILES = frozenset(
     {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "added_tokens.json"}
 )
 MAX_BLOCK_LENGTH = 288
+# Articles, or passages (passages_as_blocks), per map batch when the caller names none. A map batch's blocks are one
+# Arrow record batch of the packed blocks (of 1,000 rows at most), and an open memory-mapped table holds Arrow's
+# objects for each of its record batches: passages, one block each, go 1,000 at a time so that the packed blocks have
+# as few record batches as blocks/ (benchmarks/RESULTS.md, "A corpus of DPR's layout at scale").
+ARTICLES_PER_BATCH = 256
+PASSAGES_PER_BATCH = 1000
 COLUMNS = (
     "block_id",
     "article_id",
@@ -138,7 +144,7 @@ def duplicate_rows(uids) -> np.ndarray:
 
     Memory: hex SHA-1 uids (document_uid's) are compared by their first 64 bits first (8 bytes a row, sorted in place
     in numpy, against some 400 bytes a row for hashing the strings in Arrow), and only the rows whose 64 bits repeat
-    are compared whole: a 21M-block corpus is deduplicated in some 200 MB."""
+    are compared whole (taken chunk by chunk): a 21M-block corpus is deduplicated in some 170 MB."""
     import pyarrow as pa
 
     column = uids if isinstance(uids, (pa.Array, pa.ChunkedArray)) else pa.array(list(uids), type=pa.string())
@@ -156,12 +162,14 @@ def duplicate_rows(uids) -> np.ndarray:
     del keys
     if not len(repeated):
         return np.zeros(0, dtype=np.int64)
-    candidates, start = [], 0
+    candidates, values, start = [], [], 0
     for chunk in chunks:  # the rows whose prefix repeats: their uids are compared whole
-        candidates.append(start + np.flatnonzero(np.isin(_sha1_prefixes(chunk), repeated)))
+        rows = np.flatnonzero(np.isin(_sha1_prefixes(chunk), repeated))
+        candidates.append(start + rows)
+        values.append(chunk.take(pa.array(rows)))  # chunk by chunk: a ChunkedArray's take joins all its chunks first
         start += len(chunk)
     candidates = np.concatenate(candidates).astype(np.int64)
-    return _first_occurrence_duplicates(column.take(pa.array(candidates)), candidates)
+    return _first_occurrence_duplicates(pa.chunked_array(values, type=column.type), candidates)
 
 
 def _first_occurrence_duplicates(uids, rows: np.ndarray) -> np.ndarray:
@@ -221,18 +229,112 @@ def count_duplicate_blocks(uids, removed_ids=()) -> int:
 
 def drop_duplicate_blocks(blocks, scratch: str, drop: bool = True):
     """(blocks, number of rows duplicating an earlier row): without those rows when drop (the others keep their order;
-    the new table is written to `scratch`), else as given. blocks: a datasets.Dataset with a "uid" column and no
-    indices mapping (what pack_articles returns)."""
+    the new table is written to `scratch` by save_blocks), else as given. blocks: a datasets.Dataset with a "uid"
+    column and no indices mapping (what pack_articles returns)."""
+    from datasets import load_from_disk
+
     duplicates = duplicate_rows(blocks.data.column("uid"))
     if drop and len(duplicates):
-        keep = np.ones(len(blocks), dtype=bool)
-        keep[duplicates] = False
-        keep = np.flatnonzero(keep)
-        blocks = blocks.select(keep).flatten_indices(  # an inner step: its bar shows with --verbose only
-            cache_file_name=os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}.arrow"),
-            new_fingerprint=uuid.uuid4().hex,
-        )
+        folder = os.path.join(scratch, f"deduplicated-{uuid.uuid4().hex}")
+        save_blocks(blocks, folder, skip_rows=duplicates)
+        blocks = load_from_disk(folder)
     return blocks, len(duplicates)
+
+
+def save_blocks(
+    blocks,
+    directory: str | os.PathLike,
+    skip_rows: np.ndarray | Sequence[int] = (),
+    first_block_id: int | None = None,
+    columns: Sequence[str] | None = None,
+) -> int:
+    """Write `blocks` less the rows `skip_rows` to `directory` as datasets' `save_to_disk` writes a folder (what
+    `load_from_disk` and load_corpus read: its shards, record batches, state.json and dataset_info.json); returns the
+    number of rows written.
+
+    blocks: a datasets.Dataset without an indices mapping (what pack_articles returns). skip_rows: sorted row numbers
+    [D] (duplicate_rows). first_block_id: add a "block_id" column (int64), first_block_id + the row's number among
+    those written. columns: the columns written, in this order (default: those of blocks, then block_id).
+
+    The rows go from the (memory-mapped) table to the shard files in record batches of at most 1,000 rows (as
+    save_to_disk writes them), so that memory does not grow with the rows: no index of the rows kept, no copy of them
+    but the one written (datasets' select + flatten_indices would hold 8 bytes a row and write the rows twice). As in
+    save_to_disk, the shards are contiguous, of equal row counts, of about 500 MB at most (datasets.config.
+    MAX_SHARD_SIZE; the size of the rows kept is estimated in proportion to their number)."""
+    import pyarrow as pa
+    from datasets import Features, Value, config
+    from datasets.arrow_writer import ArrowWriter, get_writer_batch_size_from_data_size
+    from datasets.utils.py_utils import asdict, convert_file_size_to_int
+
+    if blocks._indices is not None:  # its table's rows are not its rows
+        raise ValueError("save_blocks takes blocks without an indices mapping (call flatten_indices() first)")
+    directory = os.fspath(directory)
+    skip = np.asarray(skip_rows, dtype=np.int64)
+    features = blocks.features.copy()
+    if first_block_id is not None:
+        features["block_id"] = Value("int64")
+    columns = list(columns) if columns is not None else list(features)
+    features = Features({name: features[name] for name in columns})
+    table = blocks.data.table.select([name for name in columns if name != "block_id"])
+    num_rows = table.num_rows - len(skip)
+    nbytes = table.nbytes * num_rows // max(table.num_rows, 1) + (8 * num_rows if first_block_id is not None else 0)
+    num_shards = max(1, min(num_rows, nbytes // convert_file_size_to_int(config.MAX_SHARD_SIZE) + 1))
+    batch_rows = config.DEFAULT_MAX_BATCH_SIZE
+    if nbytes:
+        batch_rows = min(batch_rows, get_writer_batch_size_from_data_size(num_rows, nbytes))
+    kept_before = skip - np.arange(len(skip))  # rows kept before each skipped row
+
+    def table_row(k: int) -> int:  # the table's row of the k-th row written: k + the skipped rows before it
+        return k + int(np.searchsorted(kept_before, k, side="right"))
+
+    def rows(start: int, stop: int):  # the rows [start, stop) written, as one table
+        first, last = table_row(start), table_row(stop - 1)
+        piece = table.slice(first, last + 1 - first)
+        inside = skip[np.searchsorted(skip, first) : np.searchsorted(skip, last + 1)] - first
+        if len(inside):
+            keep = np.ones(piece.num_rows, dtype=bool)
+            keep[inside] = False
+            piece = piece.filter(pa.array(keep))
+        arrays = {name: piece.column(name) for name in piece.column_names}
+        if first_block_id is not None:
+            arrays["block_id"] = pa.array(np.arange(first_block_id + start, first_block_id + stop, dtype=np.int64))
+        return pa.table([arrays[name] for name in columns], names=columns)
+
+    os.makedirs(directory, exist_ok=True)
+    names = [f"data-{shard:05d}-of-{num_shards:05d}.arrow" for shard in range(num_shards)]
+    per_shard, extra = divmod(num_rows, num_shards)
+    start = 0
+    with _progress(None, num_rows, "Saving the dataset") as bar:  # an inner step: shown with --verbose only
+        for shard, name in enumerate(names):
+            stop = start + per_shard + (shard < extra)
+            writer = ArrowWriter(features=features, path=os.path.join(directory, name), embed_local_files=True)
+            try:
+                for batch_start in range(start, stop, batch_rows):
+                    batch_stop = min(batch_start + batch_rows, stop)
+                    writer.write_table(rows(batch_start, batch_stop))
+                    bar.update(batch_stop - batch_start)
+                writer.finalize()
+            finally:
+                writer.close()
+            pa.default_memory_pool().release_unused()
+            start = stop
+    state = {
+        "_data_files": [{"filename": name} for name in names],
+        "_fingerprint": uuid.uuid4().hex[:16],  # as random as datasets' own (64 bits)
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None if blocks.split is None else str(blocks.split),
+    }
+    info = blocks.info.copy()
+    info.features = features
+    info = asdict(info)
+    with open(os.path.join(directory, config.DATASET_STATE_JSON_FILENAME), "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=2, sort_keys=True)
+    with open(os.path.join(directory, config.DATASET_INFO_FILENAME), "w", encoding="utf-8") as f:
+        json.dump({key: info[key] for key in sorted(info)}, f, indent=2)  # as save_to_disk writes it
+    return num_rows
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -672,7 +774,8 @@ def _iter_records(blocks, passage_ids: bool = False, batch_size: int = 4096) -> 
         yield from zip(*(batch[name] for name in names))
 
 
-def _progress(iterable: Iterable, total: int, desc: str) -> Iterable:
+def _progress(iterable: Iterable | None, total: int, desc: str) -> Iterable:
+    """A bar of `total` blocks over iterable (None: a bar moved by its update(n)); shown as datasets' bars are."""
     from datasets.utils import tqdm  # tqdm that follows datasets' enable/disable_progress_bars()
 
     return tqdm(iterable, total=total, desc=desc, unit=" blocks")
@@ -685,7 +788,7 @@ def build_corpus(
     max_block_length: int = MAX_BLOCK_LENGTH,
     num_proc: int = 1,
     span_annotator: SpanAnnotator | Callable[[], SpanAnnotator] | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     overwrite: bool = False,
     page_filter: bool = True,
     html_unescape: bool = True,
@@ -718,7 +821,8 @@ def build_corpus(
         or a zero-argument factory of one, called once in each process (use it for heavy models); it must pickle
         when num_proc > 1. Spans are stored as offsets in the block text; spans not inside their sentence are dropped.
         An annotator with `annotate_batch(sentences)` gets whole batches of sentences. None: no spans.
-    batch_size: articles per `map` batch.
+    batch_size: articles per `map` batch (default ARTICLES_PER_BATCH, 256; with passages_as_blocks PASSAGES_PER_BATCH,
+        1,000 passages).
     progress: show the packing bar (True) or not (False) whatever datasets' progress-bar setting; None follows it.
     overwrite: replace an existing corpus at output_dir (only once the new one is complete). Refused when that would
         delete anything a build did not write: a folder that is not a corpus (unless empty), a corpus folder holding
@@ -732,7 +836,7 @@ def build_corpus(
 
     Everything is written to a temporary sibling of output_dir and renamed when complete: a failure leaves nothing.
     """
-    from datasets import Dataset, Value, load_from_disk
+    from datasets import Dataset, load_from_disk
 
     output_dir = os.path.abspath(os.fspath(output_dir))
     inputs = [] if isinstance(source, Dataset) else _source_paths(source)
@@ -757,15 +861,29 @@ def build_corpus(
             blocks, num_cut = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
-            blocks, num_duplicates = drop_duplicate_blocks(blocks, scratch, deduplicate)
-            num_articles = count_distinct_in_order(blocks.data.column("article_id"))
-            # Block ids are row numbers, known only once every process has packed its share.
-            blocks = blocks.add_column("block_id", np.arange(len(blocks), dtype=np.int64), feature=Value("int64"))
-            blocks.select_columns(block_columns(passages_as_blocks)).save_to_disk(os.path.join(staging, BLOCKS_DIR))
-            num_input_articles, num_blocks = len(articles), len(blocks)
-            del blocks, articles
+            # The articles' Arrow copy in the scratch folder (of a file input) is not read again: its memory and disk
+            # go before blocks/ is written. A saved or Hub dataset's files are not in it.
+            num_input_articles, copies = len(articles), [entry["filename"] for entry in articles.cache_files]
+            del articles
+            for path in copies:
+                if path_within(path, scratch):
+                    with contextlib.suppress(OSError):  # where a mapped file cannot go yet, it goes with the scratch
+                        os.remove(path)
+            duplicates = duplicate_rows(blocks.data.column("uid"))
+            # blocks/ straight from the packed blocks, less the duplicates; block ids are the row numbers written
+            # (known only once every process has packed its share)
+            num_blocks = save_blocks(
+                blocks,
+                os.path.join(staging, BLOCKS_DIR),
+                skip_rows=duplicates if deduplicate else (),
+                first_block_id=0,
+                columns=block_columns(passages_as_blocks),
+            )
+            num_duplicates = len(duplicates)
+            del blocks, duplicates
             shutil.rmtree(scratch, ignore_errors=True)
             saved = load_from_disk(os.path.join(staging, BLOCKS_DIR))
+            num_articles = count_distinct_in_order(saved.data.column("article_id"))
             _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved, passages_as_blocks)
             tokenizer.save_pretrained(staging)
             config = {
@@ -822,16 +940,20 @@ def pack_articles(
     builder: BlockBuilder,
     scratch: str,
     num_proc: int = 1,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     first_id: int = 0,
     progress: bool | None = None,
 ) -> tuple[Any, int]:
     """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> (their blocks (all COLUMNS but
     block_id), in article order; the number of passages cut to fit a block (builder.passages; else 0)). With
     builder.passages the articles also hold "passage_id", and so do the blocks. datasets' cache files go to
-    `scratch`. Refuses input that makes no block. progress: show the "Packing articles into blocks" bar or not,
+    `scratch`. Refuses input that makes no block. batch_size: articles per map batch (None: ARTICLES_PER_BATCH, or
+    PASSAGES_PER_BATCH with builder.passages). progress: show the "Packing articles into blocks" bar or not,
     whatever datasets' setting (None: follow it)."""
     from datasets import Value
+
+    if batch_size is None:
+        batch_size = PASSAGES_PER_BATCH if builder.passages else ARTICLES_PER_BATCH
 
     features = block_features(passages=builder.passages)
     del features["block_id"]
@@ -1177,5 +1299,6 @@ __all__ = [
     "read_corpus_config",
     "read_removed_block_ids",
     "run",
+    "save_blocks",
     "write_removed_block_ids",
 ]

@@ -142,7 +142,9 @@ def corpus_build(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-block-length", type=int, default=MAX_BLOCK_LENGTH, help="wordpieces per block (288)")
     parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
-    parser.add_argument("--batch-size", type=int, default=256, help="articles per batch")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="articles per batch (default 256; 1000 with --passages-as-blocks)"
+    )
     parser.add_argument(
         "--spans",
         default="regex",
