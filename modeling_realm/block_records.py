@@ -13,6 +13,8 @@ id: the block has none). A file without them is what every earlier version wrote
 
 The legacy `block_records.npy` of transformers 4.x is a pickled numpy object array of bytes. It is read here by
 interpreting the pickle opcodes with a whitelist; nothing named by the file is ever imported or called.
+
+The module is long because the safe reader of legacy pickles (an opcode whitelist) lives beside the format.
 """
 
 from __future__ import annotations

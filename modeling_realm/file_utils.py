@@ -1,7 +1,10 @@
 """Atomic writes of whole folders and of single text files: nothing half-written is ever visible under the final name,
 and what is written gets the permissions the user's umask gives (not the private 0700 / 0600 of tempfile.mkdtemp and
 some writers). Writers of one folder take turns (writer_lock); a destination reached through a symbolic link is
-written where the link points, and the link stays (real_destination)."""
+written where the link points, and the link stays (real_destination).
+
+The module is long because every atomic write and lock of the package lives here, one way each.
+"""
 
 import contextlib
 import ctypes

@@ -8,6 +8,8 @@ scores are always recomputed exactly from the embeddings, as Google's ORQA code 
 This file is also shipped as Hugging Face custom code, so it needs only torch, numpy and safetensors; faiss is optional
 and only required by the faiss index types. Nothing is pickled: embeddings are stored as safetensors (and memory-mapped
 on load), faiss indexes in faiss's own binary format.
+
+The module is long because it is the whole index: exact and faiss search, sharding, saving and loading.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Folder layout (what `save_pretrained` writes beside the model weights, and what 
     vocab.txt, tokenizer files  the tokenizer, loaded through AutoTokenizer
 Legacy 4.x open-QA folders hold `block_records.npy` (a pickled object array, read here WITHOUT unpickling) and keep
 the block embeddings as the `block_emb` weight of the model checkpoint; both are read as the 4.x port did.
+
+The module is long because it is the whole retriever: records, index, reader inputs, updates and legacy folders.
 """
 
 import errno

@@ -80,13 +80,13 @@ def test_every_module_declares_its_public_names():
     assert missing == ["openrealm.__main__"]
 
 
-def test_a_trainers_module_longer_than_600_lines_says_why_in_its_docstring():
+def test_a_module_longer_than_600_lines_says_why_in_its_docstring():
     too_long = []
     for name, path in modules().items():
-        if not name.startswith("openrealm.trainers") or name in MOVED:
+        if name in MOVED:
             continue
         text = path.read_text()
         docstring = ast.get_docstring(ast.parse(text)) or ""
-        if len(text.splitlines()) > MAX_LINES and "long" not in docstring:
+        if len(text.splitlines()) > MAX_LINES and "is long because" not in " ".join(docstring.split()):
             too_long.append(name)
     assert too_long == []

@@ -25,6 +25,10 @@ Departures from Google's code (each explained where it happens): sentencex inste
 sentences are split at word boundaries instead of becoming over-long blocks; a title that leaves no room for the
 body still gets a budget of 1 wordpiece; sentences without wordpieces are dropped; blocks are in input order
 (Google's were not reproducible); uids are hex strings; offsets are python str offsets.
+
+The module is long because the corpus folder is one format: building it (packing articles into blocks, dropping
+duplicates), writing it and loading it live together, so that writer and reader cannot drift; input formats are
+sources.py, JSONL is jsonl.py.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Building a job's parser must not import the job: `openrealm train pretrain --help` then answers at once instead of
 after seconds of imports. Each function adds one job's options to its argparse parser; the defaults that the jobs'
 own code also uses live here and are imported by the job modules. Three defaults belong to modules that import torch
-(masking strategies, MIPS index types, block length): they are spelled out here, and tests keep them equal. Every
-job's options are in this one module (hence its length), so that `openrealm JOB --help` imports nothing else.
+(masking strategies, MIPS index types, block length): they are spelled out here, and tests keep them equal. The
+module is long because every job's options are in it, so that `openrealm JOB --help` imports nothing else.
 """
 
 from __future__ import annotations
