@@ -8,7 +8,7 @@ reader and the retrieve-then-read open-QA model.
 Shapes: B = questions/queries, C = candidate documents per query, L = sequence length, P = retriever_proj_size,
 S = blocks retrieved per question, R = blocks read per question (R <= S), V = vocabulary size.
 
-The module is long as a transformers model file is: every REALM model class, readable in one place.
+The module is long because, as in a transformers model file, every REALM model class reads in one place.
 """
 
 import contextlib
