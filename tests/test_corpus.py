@@ -25,10 +25,10 @@ from openrealm.tokenization.corpus import (
     duplicate_rows,
     load_corpus,
     pack_articles,
-    run,
     save_blocks,
 )
 from openrealm.trainers.cli import main
+from openrealm.trainers.corpus_build import run
 from openrealm.trainers.options import corpus_build
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -33,7 +33,6 @@ sources.py, JSONL is jsonl.py.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import hashlib
@@ -43,7 +42,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -1213,48 +1211,6 @@ def batch_retriever_inputs(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> int:
-    """`openrealm corpus build`: build the corpus and print a summary."""
-    span_annotator = None
-    if args.spans != "none":
-        from openrealm.tokenization.salient_spans import make_span_annotator
-
-        span_annotator = make_span_annotator(args.spans)  # picklable; loads its model lazily in each process
-    if args.id_column is not None and not args.passages_as_blocks:
-        raise ValueError("--id-column names the passage ids of --passages-as-blocks; pass both, or neither")
-    blocks = build_corpus(  # errors: one line and the exit status from the command line (trainers/cli.py)
-        args.input if len(args.input) > 1 else args.input[0],
-        args.output,
-        args.tokenizer,
-        max_block_length=args.max_block_length,
-        num_proc=args.num_proc,
-        span_annotator=span_annotator,
-        batch_size=args.batch_size,
-        overwrite=args.overwrite,
-        page_filter=not args.no_page_filter,
-        progress=not args.quiet,
-        deduplicate=args.deduplicate,
-        input_options=input_options_of(args),
-        passages_as_blocks=args.passages_as_blocks,
-    )
-    config = read_corpus_config(args.output)
-    rows = "passages" if args.passages_as_blocks else "articles"
-    print(
-        f"Wrote {len(blocks)} blocks from {config['num_articles']} {rows} to {os.path.abspath(args.output)}"
-        + duplicates_note(config["num_duplicates_dropped"])
-        + passages_cut_note(config.get("num_passages_cut", 0), config["max_block_length"])
-    )
-    warning = duplicates_warning(config["num_duplicate_blocks"], len(blocks))
-    if warning:
-        print(f"openrealm corpus build: warning: {warning}", file=sys.stderr)
-    return 0
-
-
-def input_options_of(args: argparse.Namespace) -> InputOptions:
-    """How to read --input, from the options that trainers/options.input_options adds."""
-    return InputOptions(args.title_column, args.text_column, args.id_column, args.input_name, args.split)
-
-
 def passages_cut_note(num_cut: int, max_block_length: int) -> str:
     """The end of a corpus command's summary line when passages were cut to fit a block ("" when none)."""
     if not num_cut:
@@ -1302,7 +1258,6 @@ __all__ = [
     "pack_articles",
     "read_corpus_config",
     "read_removed_block_ids",
-    "run",
     "save_blocks",
     "write_removed_block_ids",
 ]

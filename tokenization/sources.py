@@ -55,6 +55,11 @@ class InputOptions:
     input_name: str | None = None
     split: str | None = None
 
+    @classmethod
+    def from_args(cls, args) -> InputOptions:
+        """The options of a command line's parsed arguments (those trainers/options.input_options adds)."""
+        return cls(args.title_column, args.text_column, args.id_column, args.input_name, args.split)
+
     def columns(self, read_ids: bool, found: Sequence[str] | None = None) -> dict[str, str]:
         """{standard name: column} to read: title, text and, with read_ids, passage_id where there is one (the
         id_column, else "id" when it is among `found`; found None: a source whose columns are not known ahead)."""

@@ -36,7 +36,7 @@ JOBS = {
         "world",
     ),
     ("corpus", "build"): (
-        "openrealm.tokenization.corpus",
+        "openrealm.trainers.corpus_build",
         "build a knowledge corpus of blocks from articles or passages (JSONL, Parquet, CSV/TSV, datasets, the Hub)",
         "corpus_build",
     ),

@@ -37,7 +37,6 @@ from openrealm.tokenization.corpus import (
     drop_duplicate_blocks,
     duplicates_note,
     duplicates_warning,
-    input_options_of,
     load_articles,
     load_corpus,
     pack_articles,
@@ -321,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             progress=not args.quiet,
             deduplicate=args.deduplicate,
-            input_options=input_options_of(args),
+            input_options=InputOptions.from_args(args),
         )
     else:
         kwargs = dict(remove_titles=args.titles or (), remove_ids=args.ids or ())
