@@ -349,6 +349,8 @@ def answer_positive(
         spans = [text[start:end] for text, (start, end) in zip(batch["query_text"], batch["span"].tolist())]
         answers = answer_block_ids(texts, batch["block_id"].tolist(), spans)
         rows = [row for row, ids in enumerate(answers) if ids]
+        if not rows:  # no query of the batch has an answer block elsewhere: nothing to learn from this step
+            continue
         queries_text = batch["query_text"]
         positives = [blocks[closest_answer_block(answers[row], queries_text[row], texts, rng)] for row in rows]
         docs = [
