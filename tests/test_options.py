@@ -18,3 +18,9 @@ def test_the_spelled_out_defaults_equal_the_constants_of_the_modules_that_use_th
 def test_the_jobs_use_the_option_defaults():
     assert pretraining.NUM_CANDIDATES == options.NUM_CANDIDATES == 8
     assert refresh.MODES == options.REFRESH_MODES
+
+
+def test_the_quickstart_presets_declared_for_help_are_the_jobs_own():
+    from openrealm.trainers import quickstart
+
+    assert options.QUICKSTART_PRESETS == tuple(sorted(quickstart.PRESETS))

@@ -202,7 +202,7 @@ def embed_queries(
     with eval_mode(embedder):
         for start in range(0, len(input_ids), step):
             ids, mask = input_ids[start : start + step], attention_mask[start : start + step]
-            length = max(int(mask.sum(1).max()), 1) if len(mask) else 1
+            length = max(int(mask.sum(1).max()), 1)
             ids, mask = ids[:, :length].to(device), mask[:, :length].to(device)
             out.append(embedder(ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)).projected_score)
     if not out:

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 MODULE = "openrealm.trainers.pretraining.builder"  # what `python -m` runs
 SNAPSHOTS_DIR = ".snapshots"  # index_root/.snapshots/step-N: the embedder snapshot each build embeds with
-POLL_SECONDS = 0.02  # how often a wait for a served build looks again
+POLL_SECONDS = 0.02  # how often a wait for a build (served, or due under the refresh's lag) looks again
 
 
 BUILD_LOG_NAME = "build.log"  # in the snapshot folder: that build's output

@@ -27,6 +27,7 @@ from openrealm.tokenization.corpus import load_corpus
 from openrealm.trainers.indexing import build_index, list_versions, load_index, next_version, version_dir_name
 from openrealm.trainers.options import REFRESH_MODES as MODES
 from openrealm.trainers.pretraining.builder import (
+    POLL_SECONDS,
     SNAPSHOTS_DIR,
     BuilderCommand,
     BuilderProcess,
@@ -42,7 +43,6 @@ from openrealm.trainers.stage_utils import rank_and_world, unwrap_model
 logger = logging.getLogger(__name__)
 
 KEEP_VERSIONS = 3  # Google's refresher keeps the newest 3 encoded exports
-LAG_POLL_SECONDS = 0.02  # how often a run waiting for a lagged build looks again
 
 
 def check_refresh_settings(mode: str, refresh_every: int, lag: int | None = None) -> None:
@@ -307,7 +307,7 @@ class IndexRefreshCallback(TrainerCallback):
             swapped, waiting = self._poll_once(global_step, started)
             if swapped or not waiting:
                 return swapped
-            time.sleep(LAG_POLL_SECONDS)
+            time.sleep(POLL_SECONDS)
 
     def _poll_once(self, global_step: int, started: float) -> tuple[bool, bool]:
         """One look at the build: (swapped, the run must wait for this build before the step)."""
