@@ -256,7 +256,10 @@ class TinyWorld:
 
     def recall(self, embedder_dir: Path) -> float:
         """Held-out recall@5 of the embedder in `embedder_dir` over a fresh exact index of every block."""
-        embedder = RealmEmbedder.from_pretrained(embedder_dir).eval()
+        return self.recall_of(RealmEmbedder.from_pretrained(embedder_dir).eval())
+
+    def recall_of(self, embedder: RealmEmbedder) -> float:
+        """Held-out recall@5 of `embedder` (in eval mode) over a fresh exact index of every block."""
         return recall_at_k(embedder, exact_index(embedder, self.blocks, self.tokenizer), self.queries, RECALL_K)
 
 

@@ -104,6 +104,21 @@ def test_a_quickstart_output_stands_for_its_realm_model_with_its_test_questions(
     assert examples == [f"who founded town {i}?" for i in range(demo.NUM_EXAMPLES)]
 
 
+@pytest.mark.parametrize(
+    "bad_line, problem",
+    [("{not json", "JSONDecodeError"), ('{"text": "who?"}', "KeyError"), ('["who?"]', "TypeError"),
+     ('{"question": 3}', "'question' is not a string")],
+)  # fmt: skip
+def test_a_bad_line_of_the_test_questions_is_named_by_file_and_line(tmp_path, bad_line, problem):
+    (tmp_path / "realm-openqa").mkdir()
+    (tmp_path / "realm-openqa" / "config.json").write_text("{}")
+    (tmp_path / "world").mkdir()
+    path = tmp_path / "world" / "questions_test.jsonl"
+    path.write_text(json.dumps({"question": "who?"}) + "\n\n" + bad_line + "\n")
+    with pytest.raises(ValueError, match=rf"questions_test\.jsonl, line 3: .*{problem}"):
+        demo.resolve_model(str(tmp_path))
+
+
 def test_any_other_model_is_loaded_as_given(folder):
     assert demo.resolve_model(str(folder)) == (str(folder), [])
     assert demo.resolve_model("owner/realm-nq") == ("owner/realm-nq", [])

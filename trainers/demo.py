@@ -42,9 +42,17 @@ def resolve_model(model: str) -> tuple[str, list[str]]:
     questions = root / "world" / "questions_test.jsonl"
     if questions.is_file():  # read here: this file runs in a Space without openrealm (no tokenization.jsonl)
         with open(questions, encoding="utf-8") as file:
-            for line in file:
-                if line.strip() and len(examples) < NUM_EXAMPLES:
-                    examples.append(json.loads(line)["question"])
+            for number, line in enumerate(file, start=1):
+                if not line.strip() or len(examples) == NUM_EXAMPLES:
+                    continue
+                try:
+                    question = json.loads(line)["question"]
+                except (json.JSONDecodeError, KeyError, TypeError) as error:
+                    problem = f"not a JSON object with a 'question' ({type(error).__name__}: {error})"
+                    raise ValueError(f"{questions}, line {number}: {problem}") from None
+                if not isinstance(question, str):
+                    raise ValueError(f"{questions}, line {number}: 'question' is not a string")
+                examples.append(question)
     return str(root / "realm-openqa"), examples
 
 

@@ -276,6 +276,28 @@ class Stages:
         cli.run_in_process(["train", "pretrain"], argv, callbacks=[evaluation])
         return {"history": evaluation.history, "summary": self.path(name) / "pretraining.json"}
 
+    def retriever_bound(self, corpus: Path, embedder: Path) -> Path:
+        """The world's perfect-reader bound: the ICT embedder trained alone on REALM's retriever objective with a
+        perfect reader and every block a candidate (trainers/pretraining/retriever_bound.py), for the pre-training
+        runs' steps at their batch size and embedder lr; saved as OUTPUT/retriever-bound. Its zero-shot recall is what
+        REALM's signal could at most teach the retriever on this world."""
+        from transformers import AutoTokenizer
+
+        from openrealm.tokenization.corpus import load_corpus
+        from openrealm.trainers.pretraining.retriever_bound import train_retriever_bound
+        from openrealm.trainers.towers import load_embedder, save_tower
+
+        preset, tokenizer = self.preset, AutoTokenizer.from_pretrained(corpus)
+        model = load_embedder(embedder, tokenizer, seed=self.seed)
+        losses = train_retriever_bound(
+            model, tokenizer, load_corpus(corpus), steps=preset.pretrain_steps,
+            batch_size=preset.pretrain_batch_size, learning_rate=preset.pretrain_embedder_learning_rate,
+            seed=self.seed,
+        )  # fmt: skip
+        if losses:
+            print(f"perfect-reader bound: loss {losses[0]:.3f} -> {sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        return save_tower(model, self.path("retriever-bound"), tokenizer)
+
     def finetune(self, name: str, embedder: Path, encoder: Path | str) -> Path:
         """Open-QA fine-tuning on the world's training questions; dev questions evaluated before and after."""
         from openrealm.trainers.finetuning import finetune_openqa, openqa_model_from_pretraining
@@ -379,6 +401,7 @@ RECALL_KS = (1, 5, 10)
 
 
 PRETRAINING_STAGE = "REALM pre-training with async index refresh, and its ablations"
+BOUND = "retriever-bound"  # the perfect-reader bound's run (Stages.retriever_bound)
 
 
 def _stage_in_child(stages: Stages, method: str, args: tuple, kwargs: dict, log: Path, threads: int):
@@ -437,13 +460,18 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
         for ablation in ABLATIONS
         if ablation.pretraining is not None
     }  # fmt: skip
-    history = stages.run_parallel(PRETRAINING_STAGE, pretraining_runs)["pretrain"]["history"]
+    # The world's ceiling on what REALM's signal can teach the retriever, from the same ICT embedder (the shortest
+    # run, queued last so that it shares a core with a pre-training run).
+    pretraining_runs[BOUND] = ("retriever_bound", (corpus, embedder), {})
+    pretrained = stages.run_parallel(PRETRAINING_STAGE, pretraining_runs)
+    history = pretrained["pretrain"]["history"]
     towers = {
         ablation.name: (embedder, encoder)
         if ablation.pretraining is None
         else (stages.path(ablation.pretraining) / "embedder", stages.path(ablation.pretraining) / "encoder")
         for ablation in ABLATIONS
     }
+    towers[BOUND] = (pretrained[BOUND], encoder)
     zero_shot = stages.run(
         "zero-shot retrieval recall@5", lambda: {name: stages.zero_shot_recall(*pair) for name, pair in towers.items()}
     )
@@ -475,11 +503,18 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
             "recall_at_5": [100.0 * entry["eval_recall@5"] for entry in history],
         },
         "ablations": ablations,
+        "world": {
+            "ict_start_recall_at_5": zero_shot["no_realm_pretraining"],
+            "bm25_recall_at_5": runs["realm-reader-bm25"]["recall@5"],
+            "perfect_reader_bound_recall_at_5": zero_shot[BOUND],
+        },
         "open_qa": runs,
         "demo": demo,
     }
     (output / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    report = write_report(output, preset, stages.seed, stages.timings, history, runs, demo, ablations)
+    report = write_report(
+        output, preset, stages.seed, stages.timings, history, runs, demo, ablations, results["world"]
+    )
     print(f"\nquickstart: done in {sum(stages.timings.values()):.0f} s. Report: {report}; model: {realm}")
     return results
 

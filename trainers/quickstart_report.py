@@ -91,10 +91,12 @@ def write_report(
     runs: dict,
     demo: list,
     ablations: list[dict],
+    world: dict[str, float],
 ) -> Path:
-    """OUTPUT/report.md: what ran, the Figure 4 curve, Table 2's ablations, the open-QA comparison and a few answers.
-    timings: stage name -> seconds; history: the REALM run's evaluations; runs: open-QA results by run name; demo: the
-    pipeline's answers; ablations: Table 2's rows (in ABLATIONS' order)."""
+    """OUTPUT/report.md: what ran, the Figure 4 curve, Table 2's ablations, the world's structure numbers, the open-QA
+    comparison and a few answers. timings: stage name -> seconds; history: the REALM run's evaluations; runs: open-QA
+    results by run name; demo: the pipeline's answers; ablations: Table 2's rows (in ABLATIONS' order); world:
+    results.json's "world" (zero-shot recall@5 of the ICT start, BM25 and the perfect-reader bound)."""
     first, last = history[0], history[-1]
     scores = {row["name"]: row for row in ablations}
     realm_recall = scores["realm"]["zero_shot_recall_at_5"]
@@ -132,6 +134,9 @@ def write_report(
         num_queries=last["eval_num_queries"],
         table2_rows="\n".join(table2_rows),
         recall_ratio=f"{realm_recall / ict_recall if ict_recall else float('inf'):.2f}",
+        ict_start_recall=f"{world['ict_start_recall_at_5']:.1f}",
+        bm25_recall=f"{world['bm25_recall_at_5']:.1f}",
+        bound_recall=f"{world['perfect_reader_bound_recall_at_5']:.1f}",
         openqa_rows="\n".join(openqa_rows),
         answers="\n".join(answers),
     )

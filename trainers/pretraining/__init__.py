@@ -6,6 +6,7 @@ trainer.py     the Trainer subclass, collator and callbacks; checkpoints that ca
 refresh.py     IndexRefreshCallback: the index refresh (async, sync, off) and the swap at a step boundary
 builder.py     the async builder process, both ends of it
 evaluation.py  Figure 4: retrieval utility and recall@k on fixed masked queries
+retriever_bound.py  the ceiling of REALM's signal: its retriever objective with a perfect reader over every block
 inputs.py      the checks and preparations before training (corpus, lengths, index version 0)
 """
 
