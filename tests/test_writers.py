@@ -344,6 +344,36 @@ def test_world_refuses_a_tokenizer_output_that_would_replace_the_world(tmp_path,
     assert os.listdir(tmp_path) == []
 
 
+def test_quickstart_overwrite_refuses_a_folder_of_other_files_and_leaves_it_intact(tmp_path, monkeypatch):
+    from openrealm.trainers import quickstart
+
+    monkeypatch.setattr(quickstart, "share_cpu_cores", lambda: pytest.fail("the quickstart started"))
+    (tmp_path / "results.json").write_text("{}")
+    (tmp_path / "thesis.tex").write_text("my work")
+    with pytest.raises(FileExistsError, match=r"does not write \(thesis\.tex\); choose another --output"):
+        quickstart.quickstart(tmp_path, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["results.json", "thesis.tex"]
+
+
+def test_quickstart_overwrite_replaces_an_interrupted_run(tmp_path, monkeypatch):
+    from openrealm.trainers import quickstart
+
+    class Started(Exception):
+        pass
+
+    def started():
+        raise Started
+
+    monkeypatch.setattr(quickstart, "share_cpu_cores", started)
+    for folder in ("world", "corpus", "pretrain-stale-index", "realm-openqa", "logs"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "part").write_text("x")
+    (tmp_path / "results-realm.json").write_text("{}")
+    with pytest.raises(Started):
+        quickstart.quickstart(tmp_path, overwrite=True)
+    assert os.listdir(tmp_path) == []  # the old run is gone before the new one starts
+
+
 def test_quickstart_overwrite_refuses_the_working_directory_and_leaves_it_intact(tmp_path, monkeypatch):
     from openrealm.trainers import quickstart
 

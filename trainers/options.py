@@ -106,7 +106,11 @@ def quickstart(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--preset", choices=QUICKSTART_PRESETS, default="default", help="sizes (default: default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the world, the weights and the data order")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUTPUT")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier quickstart's OUTPUT (never a folder holding other files)",
+    )
     output_options(parser)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import fnmatch
 import json
 import os
 import shutil
@@ -404,6 +405,25 @@ PRETRAINING_STAGE = "REALM pre-training with async index refresh, and its ablati
 BOUND = "retriever-bound"  # the perfect-reader bound's run (Stages.retriever_bound)
 
 
+# What a quickstart writes at the top of its output folder (fnmatch patterns); --overwrite replaces only such a folder.
+OUTPUT_ENTRIES = (
+    "world", "tokenizer", "corpus", "ict", "reading-warmup", "initial-*", "pretrain", "pretrain-*", BOUND,
+    "*-openqa", "logs", "report.md", "figure_*.png", "results.json", "results-*.json",
+)  # fmt: skip
+
+
+def _foreign_entries(folder: str) -> str | None:
+    """check_replaceable's test for --overwrite: None when every entry of `folder` is one a quickstart writes (a
+    finished or an interrupted run), else the reason naming the others (a folder of the user's own files)."""
+    foreign = sorted(
+        name for name in os.listdir(folder) if not any(fnmatch.fnmatch(name, pattern) for pattern in OUTPUT_ENTRIES)
+    )
+    if not foreign:
+        return None
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    return f"it holds what a quickstart does not write ({shown}); choose another --output, or remove them"
+
+
 def _stage_in_child(stages: Stages, method: str, args: tuple, kwargs: dict, log: Path, threads: int):
     """(child process of Stages.run_parallel) One stage with its output, C level included, in `log`."""
     import torch
@@ -442,7 +462,8 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
     if output.exists() and any(output.iterdir()):
         if not overwrite:
             raise FileExistsError(f"{output} is not empty: pass --overwrite to replace it, or choose another --output")
-        check_replaceable(output, overwrite=True)  # never the working directory or a folder holding it
+        # never the working directory or a folder holding it, nor one holding anything a quickstart does not write
+        check_replaceable(output, overwrite=True, replaceable=_foreign_entries)
         shutil.rmtree(output)
     output.mkdir(parents=True, exist_ok=True)
     share_cpu_cores()
