@@ -369,6 +369,7 @@ def test_quickstart_overwrite_replaces_an_interrupted_run(tmp_path, monkeypatch)
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "part").write_text("x")
     (tmp_path / "results-realm.json").write_text("{}")
+    (tmp_path / ".DS_Store").write_bytes(b"\0")
     with pytest.raises(Started):
         quickstart.quickstart(tmp_path, overwrite=True)
     assert os.listdir(tmp_path) == []  # the old run is gone before the new one starts

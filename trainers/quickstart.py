@@ -409,6 +409,7 @@ BOUND = "retriever-bound"  # the perfect-reader bound's run (Stages.retriever_bo
 OUTPUT_ENTRIES = (
     "world", "tokenizer", "corpus", "ict", "reading-warmup", "initial-*", "pretrain", "pretrain-*", BOUND,
     "*-openqa", "logs", "report.md", "figure_*.png", "results.json", "results-*.json",
+    ".DS_Store",  # what macOS's Finder leaves in a folder it showed
 )  # fmt: skip
 
 
