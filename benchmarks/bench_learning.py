@@ -270,7 +270,8 @@ def zero_shot_recall(embedder_folder: str, corpus: Path, world: Path, k: int = 5
     tokenizer, blocks = AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
     embedder = RealmEmbedder.from_pretrained(embedder_folder).eval()
     index = exact_index(embedder, blocks, tokenizer)
-    questions = World.read(world).questions
+    generated = World.read(world)
+    questions = generated.questions
     texts = blocks["text"]
     corpus_ids = {i for column in ("title_ids", "token_ids") for ids in blocks[column] for i in ids}
     inputs = tokenizer([q["question"] for q in questions], padding=True, return_tensors="pt")
@@ -288,7 +289,7 @@ def zero_shot_recall(embedder_folder: str, corpus: Path, world: Path, k: int = 5
             scores |= subject_recall(questions, ids.tolist(), texts, k)
     # The same facts asked as clozes in the corpus's own relative-clause wording (synthetic_world.RELATIVE, what a
     # world with meetings writes in its Notes), the answer masked: the question's wording taken out of the measure.
-    clozes = cloze_questions(World.read(world), tokenizer)
+    clozes = cloze_questions(generated, tokenizer)
     inputs = tokenizer([q["question"] for q in clozes], padding=True, return_tensors="pt")
     query = embedder(
         inputs["input_ids"],
@@ -311,15 +312,15 @@ def subject_recall(questions: list[dict], ids: list[list[int]], texts: list[str]
 def cloze_questions(world, tokenizer) -> list[dict]:
     """Each question's fact as a statement in synthetic_world.RELATIVE's wording with its first answer replaced by as
     many [MASK] as it has wordpieces (a masked query of a Notes sentence); same answers and splits."""
-    from openrealm.trainers.world.synthetic_world import RELATIVE
+    from openrealm.trainers.world.synthetic_world import RELATIVE, template_field
 
     facts = {fact["fact_id"]: fact for fact in world.facts}
     clozes = []
     for question in world.questions:
         fact = facts[question["fact"]]
-        value_field = "date" if fact["value_kind"] in ("date", "year") else fact["value_kind"]
         masks = " ".join([tokenizer.mask_token] * len(tokenizer.tokenize(question["answers"][0])))
-        text = RELATIVE[fact["relation"]][0].format(**{fact["subject_kind"]: fact["subject"], value_field: masks})
+        fields = {fact["subject_kind"]: fact["subject"], template_field(fact["value_kind"]): masks}
+        text = RELATIVE[fact["relation"]][0].format(**fields)
         clozes.append({**question, "question": text})
     return clozes
 
@@ -415,7 +416,8 @@ def answer_positive(
     from openrealm.tokenization.masking import SalientSpanCollator
     from openrealm.trainers.embedding import exact_index
     from openrealm.trainers.pretraining import CANDIDATE_SEQ_LEN
-    from openrealm.trainers.pretraining.evaluation import answer_block_ids, recall_at_k
+    from openrealm.trainers.pretraining.evaluation import recall_at_k
+    from openrealm.trainers.pretraining.retriever_bound import answerable_queries, embed_query_rows
     from openrealm.trainers.towers import load_embedder
 
     preset, tokenizer, blocks = stages.preset, AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
@@ -431,10 +433,8 @@ def answer_positive(
         if step == preset.pretrain_steps:
             embedder.save_pretrained(stages.path("answer-positive"))
             return history
-        batch = masker([blocks[i] for i in rng.sample(training, preset.pretrain_batch_size)])
-        spans = [text[start:end] for text, (start, end) in zip(batch["query_text"], batch["span"].tolist())]
-        answers = answer_block_ids(texts, batch["block_id"].tolist(), spans)
-        rows = [row for row, ids in enumerate(answers) if ids]
+        records = [blocks[i] for i in rng.sample(training, preset.pretrain_batch_size)]
+        batch, answers, rows = answerable_queries(masker, records, texts)
         if not rows:  # no query of the batch has an answer block elsewhere: nothing to learn from this step
             continue
         queries_text = batch["query_text"]
@@ -443,11 +443,7 @@ def answer_positive(
             block_retriever_inputs(d["title_ids"], d["token_ids"], tokenizer, CANDIDATE_SEQ_LEN) for d in positives
         ]
         docs = tokenizer.pad(docs, return_tensors="pt")
-        query_ids = batch["query_input_ids"][rows]
-        query = embedder(
-            query_ids, attention_mask=batch["query_attention_mask"][rows], token_type_ids=torch.zeros_like(query_ids)
-        )
-        scores = query.projected_score @ embedder(**docs).projected_score.T  # [B, B]
+        scores = embed_query_rows(embedder, batch, rows) @ embedder(**docs).projected_score.T  # [B, B]
         torch.nn.functional.cross_entropy(scores, torch.arange(len(rows))).backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -40,6 +40,23 @@ def perfect_reader_loss(scores: torch.Tensor, own_block_ids: Sequence[int], answ
     return (torch.logsumexp(scores, dim=-1) - marginal).mean()
 
 
+def answerable_queries(masker: SalientSpanCollator, records: list, texts: Sequence[str]) -> tuple[dict, list, list]:
+    """One masked query per record (`masker`'s batch) and, per query, the other blocks whose text holds its masked span
+    (texts: every block's text). Returns (batch, answers, rows), rows: the queries with at least one such block."""
+    batch = masker(records)
+    spans = [text[start:end] for text, (start, end) in zip(batch["query_text"], batch["span"].tolist())]
+    answers = answer_block_ids(texts, batch["block_id"].tolist(), spans)
+    return batch, answers, [row for row, ids in enumerate(answers) if ids]
+
+
+def embed_query_rows(embedder: RealmEmbedder, batch: dict, rows: list[int]) -> torch.Tensor:
+    """The retrieval embeddings [len(rows), P] of the batch's queries `rows`, with their gradient (training)."""
+    query_ids = batch["query_input_ids"][rows]
+    return embedder(
+        query_ids, attention_mask=batch["query_attention_mask"][rows], token_type_ids=torch.zeros_like(query_ids)
+    ).projected_score
+
+
 def train_retriever_bound(
     embedder: RealmEmbedder,
     tokenizer,
@@ -80,18 +97,9 @@ def train_retriever_bound(
     report(0)
     for step in range(1, steps + 1):
         embedder.train()
-        batch = masker([blocks[i] for i in rng.sample(sources, batch_size)])
-        spans = [text[start:end] for text, (start, end) in zip(batch["query_text"], batch["span"].tolist())]
-        answers = answer_block_ids(texts, batch["block_id"].tolist(), spans)
-        rows = [row for row, ids in enumerate(answers) if ids]
+        batch, answers, rows = answerable_queries(masker, [blocks[i] for i in rng.sample(sources, batch_size)], texts)
         if rows:
-            query_ids = batch["query_input_ids"][rows]
-            query = embedder(
-                query_ids,
-                attention_mask=batch["query_attention_mask"][rows],
-                token_type_ids=torch.zeros_like(query_ids),
-            ).projected_score
-            scores = query @ embedder(**candidates).projected_score.T
+            scores = embed_query_rows(embedder, batch, rows) @ embedder(**candidates).projected_score.T
             own = batch["block_id"][rows].tolist()
             loss = perfect_reader_loss(scores, own, [answers[row] for row in rows])
             loss.backward()
@@ -104,4 +112,4 @@ def train_retriever_bound(
     return losses
 
 
-__all__ = ["perfect_reader_loss", "train_retriever_bound"]
+__all__ = ["answerable_queries", "embed_query_rows", "perfect_reader_loss", "train_retriever_bound"]

@@ -534,6 +534,11 @@ def _fact(relation: str, subject: str, value: str) -> dict:
     }
 
 
+def template_field(kind: str) -> str:
+    """The template field (PRIMARY, SECONDARY, RELATIVE...) naming a value of `kind`: {date} for dates and years."""
+    return "date" if kind in ("date", "year") else kind
+
+
 def _fields(facts: list[dict]) -> dict[str, tuple[str, str | None]]:
     """Template fields of the facts one sentence states: {kind or "date": (text, label)}; a meeting's: {a, b,
     occasion}."""
@@ -545,9 +550,8 @@ def _fields(facts: list[dict]) -> dict[str, tuple[str, str | None]]:
         }
     fields = {}
     for fact in facts:
-        value_field = "date" if fact["value_kind"] in ("date", "year") else fact["value_kind"]
         fields[fact["subject_kind"]] = (fact["subject"], LABELS[fact["subject_kind"]])
-        fields[value_field] = (fact["value"], fact["label"])
+        fields[template_field(fact["value_kind"])] = (fact["value"], fact["label"])
     return fields
 
 
@@ -709,4 +713,4 @@ def _world_rows(path: str) -> list[dict]:
     return read_jsonl(path)
 
 
-__all__ = ["World", "WorldSpanAnnotator", "generate_world"]
+__all__ = ["World", "WorldSpanAnnotator", "generate_world", "template_field"]
