@@ -1,7 +1,8 @@
 """`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 8 minutes).
 
-The default preset, as a user runs it. The assertions are what holds for seeds 0, 1 and 2; the retriever getting
-better than its ICT start holds for seed 0 only and is not asserted (benchmarks/RESULTS.md)."""
+The default preset, as a user runs it. The assertions are what holds for seeds 0-4 and two fresh seeds; which of the
+paper's orderings hold varies with the seed and is not asserted (results.json "claims"; benchmarks/RESULTS.md, "Table 2
+on the quickstart")."""
 
 import json
 import subprocess
@@ -13,6 +14,7 @@ from transformers import pipeline
 
 import openrealm  # noqa: F401 - registers the question-answering pipeline
 from openrealm.trainers.quickstart import PRETRAINING_STAGE
+from openrealm.trainers.quickstart_report import CLAIMS, table2_claims
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +68,8 @@ def test_report_shows_both_plots_and_every_stage(run, results):
 
 def test_reading_warmup_taught_the_encoder_to_copy_from_a_stating_context(run):
     history = json.loads((run / "reading-warmup" / "reading_warmup.json").read_text())["history"]
-    assert history[0]["accuracy"] < 0.05 and history[-1]["accuracy"] > 0.2  # seed 0: 0.000 -> 0.437
+    # held-out copy accuracy at the end, seeds 0-4: 0.44, 0.30, 0.28, 0.37, 0.10 (0.0 at the start)
+    assert history[0]["accuracy"] < 0.05 and history[-1]["accuracy"] > 0.08
     assert history[-1]["accuracy_irrelevant"] < 0.05  # it reads; it has not memorised the world
 
 
@@ -143,7 +146,7 @@ def test_the_perfect_reader_bound_is_far_above_the_ict_start(results):
 
 def test_report_shows_table_2(run):
     report = (run / "report.md").read_text()
-    assert "| pre-training | zero-shot recall@5 | exact match after fine-tuning |" in report
+    assert "| pre-training | zero-shot recall@5 | exact match after fine-tuning | paper (NQ dev): recall@5 |" in report
     assert "| Stale MIPS (index never refreshed) |" in report and "| Random span masks |" in report
 
 
@@ -152,3 +155,13 @@ def test_report_shows_the_worlds_structure(run, results):
     bound = results["world"]["perfect_reader_bound_recall_at_5"]
     row = "| perfect-reader bound (REALM's objective, a perfect reader, every block a candidate) |"
     assert f"{row} {bound:.1f} |" in report
+
+
+def test_results_check_the_papers_orderings_on_the_runs_own_numbers(run, results):
+    # Which of them hold is not asserted here (README, "Does it learn?": it varies with the seed); that each is
+    # computed from this run's rows and shown in the report is.
+    assert results["claims"] == table2_claims(results)
+    assert set(results["claims"]) == {claim.name for claim in CLAIMS}
+    report = (run / "report.md").read_text()
+    held = sum(claim["holds"] for claim in results["claims"].values())
+    assert f"{held} of {len(CLAIMS)} hold on this run" in report

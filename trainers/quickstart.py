@@ -25,7 +25,13 @@ from pathlib import Path
 from openrealm.file_utils import check_replaceable
 from openrealm.tokenization.jsonl import read_jsonl
 from openrealm.trainers import cli, options
-from openrealm.trainers.quickstart_report import ABLATIONS, plot_comparison, plot_pretraining, write_report
+from openrealm.trainers.quickstart_report import (
+    ABLATIONS,
+    plot_comparison,
+    plot_pretraining,
+    table2_claims,
+    write_report,
+)
 
 
 @dataclass(frozen=True)
@@ -533,9 +539,19 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
         "open_qa": runs,
         "demo": demo,
     }
+    results["claims"] = table2_claims(results)
     (output / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     report = write_report(
-        output, preset, stages.seed, stages.timings, history, runs, demo, ablations, results["world"]
+        output,
+        preset,
+        stages.seed,
+        stages.timings,
+        history,
+        runs,
+        demo,
+        ablations,
+        results["world"],
+        results["claims"],
     )
     print(f"\nquickstart: done in {sum(stages.timings.values()):.0f} s. Report: {report}; model: {realm}")
     return results

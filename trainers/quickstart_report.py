@@ -1,8 +1,10 @@
 """The quickstart's report: its figures (the paper's Figure 4 and the open-QA comparison) and report.md, whose prose
-is the template trainers/templates/quickstart_report.md filled with this run's numbers; and the rows of Table 2."""
+is the template trainers/templates/quickstart_report.md filled with this run's numbers; the rows of Table 2 and the
+orderings of the paper's Table 2 and Figure 4, checked on a run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,26 +21,112 @@ class Ablation:
     label: str  # in the open-QA table and figure
     row: str  # in Table 2
     pretraining: str | None  # folder under OUTPUT of its REALM pre-training run; None: no REALM pre-training
+    paper: tuple[float, float]  # the paper's Table 2 row on NQ dev: (zero-shot recall@5, exact match)
     refresh_mode: str = "async"
     spans: str = "salient"
 
 
+# The paper's rows: REALM; Baseline (ORQA); 30x stale MIPS (the paper refreshes 30 times less often, the quickstart
+# never); REALM with random span masks.
 ABLATIONS = (
-    Ablation("realm", "realm", "REALM (pre-trained)", "REALM", "pretrain"),
+    Ablation("realm", "realm", "REALM (pre-trained)", "REALM", "pretrain", (38.5, 38.2)),
     Ablation(
         "no_realm_pretraining", "no-pretraining", "no REALM pre-training",
-        "Baseline (ICT retriever, no REALM pre-training)", None,
+        "Baseline (ICT retriever, no REALM pre-training)", None, (13.9, 31.3),
     ),
     Ablation(
         "stale_index", "stale-index", "stale index", "Stale MIPS (index never refreshed)", "pretrain-stale-index",
-        refresh_mode="off",
+        (15.1, 28.7), refresh_mode="off",
     ),
     Ablation(
         "random_span_masks", "random-span-masks", "random span masks", "Random span masks",
-        "pretrain-random-span-masks", spans="random_span",
+        "pretrain-random-span-masks", (26.1, 35.3), spans="random_span",
     ),
 )  # fmt: skip
 LABELS = {ablation.run: ablation.label for ablation in ABLATIONS} | {"realm-reader-bm25": "REALM reader + BM25"}
+
+
+def _row(results: dict, name: str) -> dict:
+    for row in results["ablations"]:
+        if row["name"] == name:
+            return row
+    names = [row["name"] for row in results["ablations"]]
+    raise ValueError(f"results have no ablation row named {name!r} (rows: {names})")
+
+
+def _recall(name: str) -> Callable[[dict], float]:
+    return lambda results: _row(results, name)["zero_shot_recall_at_5"]
+
+
+def _exact_match(name: str) -> Callable[[dict], float]:
+    return lambda results: _row(results, name)["exact_match"]
+
+
+def _curve(key: str, position: int) -> Callable[[dict], float]:
+    return lambda results: results["pretraining_curve"][key][position]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One ordering the paper's Table 2 or Figure 4 shows, as a test of a quickstart run: `holds(measured(results),
+    baseline(results))`, both numbers read from results.json's "ablations" or "pretraining_curve"."""
+
+    name: str  # in results.json's "claims"
+    statement: str  # in the report
+    measured: Callable[[dict], float]
+    baseline: Callable[[dict], float]
+    holds: Callable[[float, float], bool]
+    paper: str  # the paper's numbers for it
+
+
+_REALM = _recall("realm")
+CLAIMS = (
+    Claim(
+        "recall_1.5x_ict_start", "zero-shot recall@5: REALM >= 1.5x its ICT start", _REALM,
+        _recall("no_realm_pretraining"), lambda realm, start: realm >= 1.5 * start, "38.5 vs 13.9 (2.77x)",
+    ),
+    Claim(
+        "recall_ict_start_plus_10", "zero-shot recall@5: REALM >= its ICT start + 10 points", _REALM,
+        _recall("no_realm_pretraining"), lambda realm, start: realm >= start + 10, "38.5 vs 13.9 (+24.6)",
+    ),
+    Claim(
+        "recall_stale_index_plus_5", "zero-shot recall@5: REALM >= the index never refreshed + 5 points", _REALM,
+        _recall("stale_index"), lambda realm, stale: realm >= stale + 5, "38.5 vs 15.1, 30x stale (+23.4)",
+    ),
+    Claim(
+        "recall_random_span_masks", "zero-shot recall@5: REALM >= random span masks", _REALM,
+        _recall("random_span_masks"), lambda realm, spans: realm >= spans, "38.5 vs 26.1",
+    ),
+    Claim(
+        "exact_match_no_realm_pretraining", "exact match after fine-tuning: REALM > no REALM pre-training",
+        _exact_match("realm"), _exact_match("no_realm_pretraining"), lambda realm, baseline: realm > baseline,
+        "38.2 vs 31.3",
+    ),
+    Claim(
+        "figure4_recall_plus_10", "recall@5 on the fixed masked queries: last step >= step 0 + 10 points",
+        _curve("recall_at_5", -1), _curve("recall_at_5", 0), lambda last, first: last >= first + 10,
+        "not reported (Figure 4 plots utility)",
+    ),
+    Claim(
+        "figure4_utility_rises", "retrieval utility (nats per masked token): last step > step 0",
+        _curve("retrieval_utility", -1), _curve("retrieval_utility", 0), lambda last, first: last > first,
+        "increases steadily (Figure 4)",
+    ),
+)  # fmt: skip
+
+
+def table2_claims(results: dict) -> dict[str, dict]:
+    """results.json's "claims": for each of CLAIMS, REALM's number, the number it is compared with and whether the
+    paper's ordering holds on this run. results: a quickstart's results.json ("ablations", "pretraining_curve")."""
+    claims = {}
+    for claim in CLAIMS:
+        measured, baseline = claim.measured(results), claim.baseline(results)
+        claims[claim.name] = {
+            "measured": measured,
+            "baseline": baseline,
+            "holds": bool(claim.holds(measured, baseline)),
+        }
+    return claims
 
 
 def plot_pretraining(history: list[dict], path: Path) -> None:
@@ -92,11 +180,13 @@ def write_report(
     demo: list,
     ablations: list[dict],
     world: dict[str, float],
+    claims: dict[str, dict],
 ) -> Path:
-    """OUTPUT/report.md: what ran, the Figure 4 curve, Table 2's ablations, the world's structure numbers, the open-QA
-    comparison and a few answers. timings: stage name -> seconds; history: the REALM run's evaluations; runs: open-QA
-    results by run name; demo: the pipeline's answers; ablations: Table 2's rows (in ABLATIONS' order); world:
-    results.json's "world" (zero-shot recall@5 of the ICT start, BM25 and the perfect-reader bound)."""
+    """OUTPUT/report.md: what ran, the Figure 4 curve, Table 2's ablations beside the paper's, the paper's orderings
+    checked on this run, the world's structure numbers, the open-QA comparison and a few answers. timings: stage name
+    -> seconds; history: the REALM run's evaluations; runs: open-QA results by run name; demo: the pipeline's answers;
+    ablations: Table 2's rows (in ABLATIONS' order); world: results.json's "world" (zero-shot recall@5 of the ICT
+    start, BM25 and the perfect-reader bound); claims: results.json's "claims" (table2_claims)."""
     first, last = history[0], history[-1]
     scores = {row["name"]: row for row in ablations}
     realm_recall = scores["realm"]["zero_shot_recall_at_5"]
@@ -107,9 +197,17 @@ def write_report(
         for e in history
     ]
     table2_rows = [
-        f"| {ablation.row} | {row['zero_shot_recall_at_5']:.1f} | {row['exact_match']:.1f} |"
+        f"| {ablation.row} | {row['zero_shot_recall_at_5']:.1f} | {row['exact_match']:.1f} "
+        f"| {ablation.paper[0]:.1f} | {ablation.paper[1]:.1f} |"
         for ablation, row in zip(ABLATIONS, ablations, strict=True)
     ]
+    claim_rows = []
+    for claim in CLAIMS:
+        checked, digits = claims[claim.name], 3 if claim.name == "figure4_utility_rises" else 1
+        claim_rows.append(
+            f"| {claim.statement} | {checked['measured']:.{digits}f} vs {checked['baseline']:.{digits}f} "
+            f"| {claim.paper} | {'yes' if checked['holds'] else '**no**'} |"
+        )
     openqa_rows = [
         f"| {LABELS[name]} | {r['exact_match']:.1f} | {r['recall@1']:.1f} | {r['recall@5']:.1f} "
         f"| {r['recall@10']:.1f} | {r['reader_oracle']:.1f} |"
@@ -133,6 +231,9 @@ def write_report(
         recall_last=f"{100 * last['eval_recall@5']:.1f}",
         num_queries=last["eval_num_queries"],
         table2_rows="\n".join(table2_rows),
+        claim_rows="\n".join(claim_rows),
+        claims_held=sum(claim["holds"] for claim in claims.values()),
+        num_claims=len(claims),
         recall_ratio=f"{realm_recall / ict_recall if ict_recall else float('inf'):.2f}",
         ict_start_recall=f"{world['ict_start_recall_at_5']:.1f}",
         bm25_recall=f"{world['bm25_recall_at_5']:.1f}",
@@ -145,4 +246,14 @@ def write_report(
     return path
 
 
-__all__ = ["ABLATIONS", "LABELS", "Ablation", "plot_comparison", "plot_pretraining", "write_report"]
+__all__ = [
+    "ABLATIONS",
+    "CLAIMS",
+    "LABELS",
+    "Ablation",
+    "Claim",
+    "plot_comparison",
+    "plot_pretraining",
+    "table2_claims",
+    "write_report",
+]

@@ -1,0 +1,102 @@
+"""Does the encoder read? How well a quickstart run's encoders predict a masked span from a block that states the fact,
+in REALM's own joint input, before and after REALM pre-training.
+
+    python benchmarks/bench_reader_copy.py --run realm-quickstart [--encoders reading-warmup pretrain/encoder]
+
+For every corpus block's masked query (`fixed_masked_queries`, seed 0) whose span is stated elsewhere, the encoder
+reads `[CLS] query [SEP] block [SEP]` with four kinds of block: one that states the fact (it holds the span and
+another name of the query sentence), one that only mentions the span (it holds the span, no other name of the
+sentence), one without the span, and the null document. Per masked wordpiece it reports the mean and median of
+log p(y|z,x) and the share of wordpieces given p > 0.5 ("copies"). REALM's retriever is trained by the difference
+between these rows: a reader for which a stating block is worth little more than any other block gives it no signal
+towards the fact (benchmarks/RESULTS.md, "Table 2 on the quickstart").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+KINDS = ("stating", "mentioning", "without span", "null document")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", required=True, help="an `openrealm quickstart` OUTPUT folder")
+    parser.add_argument(
+        "--encoders",
+        nargs="+",
+        default=["reading-warmup", "pretrain/encoder"],
+        help="encoder folders under --run (default: the warm-up's and REALM pre-training's)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.trainers.embedding import exact_index
+    from openrealm.trainers.pretraining import NULL_BLOCK_ID, RealmPretrainingExamples, RealmPretrainingModel
+    from openrealm.trainers.pretraining.evaluation import QUERY_KEYS, fixed_masked_queries
+    from openrealm.trainers.towers import load_embedder, load_encoder
+
+    run = Path(args.run)
+    tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
+    blocks = load_corpus(str(run / "corpus"))
+    names = [json.loads(line)["name"] for line in (run / "world" / "entities.jsonl").read_text().splitlines()]
+    texts = blocks["text"]
+    queries = fixed_masked_queries(tokenizer, blocks, num_queries=len(blocks), seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    chosen = []  # (query row, [null, stating, mentioning, without span]) for queries with all three kinds of block
+    for row, (text, span, holding) in enumerate(
+        zip(queries["query_text"], queries["span_text"], queries["answer_block_ids"], strict=True)
+    ):
+        others = [name for name in names if name in text and name not in span and span not in name]
+        stating = [b for b in holding if any(name in texts[b] for name in others)]
+        mentioning = sorted(set(holding) - set(stating))
+        without = [b for b in range(len(texts)) if span not in texts[b] and b != int(queries["block_id"][row])]
+        if stating and mentioning and without:
+            picks = [int(rng.choice(stating)), int(rng.choice(mentioning)), int(rng.choice(without))]
+            chosen.append((row, [NULL_BLOCK_ID, *picks]))
+    embedder = load_embedder(run / "ict", tokenizer).eval()
+    examples = RealmPretrainingExamples(
+        tokenizer, blocks, embedder, exact_index(embedder, blocks, tokenizer), num_candidates=4
+    )
+    print(f"{args.run}: {len(chosen)} of {len(queries['uid'])} masked queries have all three kinds of block\n")
+    print("| encoder | block | wordpieces | mean log p(y|z,x) | median | share with p > 0.5 |")
+    print("|---|---|---|---|---|---|")
+    results = {}
+    for folder in args.encoders:
+        encoder = load_encoder(run / folder, tokenizer).eval()
+        model = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0).eval()
+        log_probs = []
+        for start in range(0, len(chosen), 16):
+            rows = [row for row, _ in chosen[start : start + 16]]
+            chunk = {key: queries[key][rows] for key in QUERY_KEYS} | {"uid": [queries["uid"][r] for r in rows]}
+            batch = examples.with_candidates(chunk, [ids for _, ids in chosen[start : start + 16]])
+            with torch.no_grad():
+                log_probs.append(model(**batch).token_log_prob)  # [N, 4]: null, stating, mentioning, without
+        token_log_prob = torch.cat(log_probs).numpy()
+        order = {"null document": 0, "stating": 1, "mentioning": 2, "without span": 3}
+        results[folder] = {}
+        for kind in KINDS:
+            values = token_log_prob[:, order[kind]]
+            results[folder][kind] = {
+                "mean": float(values.mean()),
+                "median": float(np.median(values)),
+                "copies": float((values > np.log(0.5)).mean()),
+            }
+            print(
+                f"| {folder} | {kind} | {len(values)} | {values.mean():.2f} | {np.median(values):.2f} "
+                f"| {(values > np.log(0.5)).mean():.3f} |"
+            )
+    print("\n" + json.dumps({"run": args.run, "num_queries": len(chosen), "encoders": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
