@@ -204,6 +204,16 @@ def test_removing_a_title_twice_says_its_blocks_were_removed_already(indexed_cor
     assert read_corpus_config(corpus)["version"] == 1
 
 
+@pytest.mark.parametrize("command", [["add", "--input", "new.jsonl"], ["remove", "--titles", "atlantis"]])
+def test_editing_a_missing_folder_names_it_and_makes_nothing(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "new.jsonl", [FACT])
+    assert main(["corpus", command[0], "--corpus", "no-such-corpus", *command[1:], "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert "no-such-corpus: no such folder" in error and "Repo id" not in error
+    assert sorted(os.listdir(tmp_path)) == ["new.jsonl"]  # no folder, no lock file
+
+
 def test_adding_to_an_index_without_an_embedder_snapshot_asks_for_one(tmp_path, capsys):
     model = make_openqa_model(seed=0)  # its index was built in memory: no snapshot
     model.save_pretrained(tmp_path / "model")

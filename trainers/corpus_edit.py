@@ -55,10 +55,15 @@ _REWRITTEN = frozenset({BLOCKS_DIR, CONFIG_NAME, REMOVED_IDS_NAME, BLOCK_RECORDS
 
 def _holding_writer_lock(edit: Callable[..., dict]) -> Callable[..., dict]:
     """edit(folder, ...) run while holding folder's writer lock (file_utils.writer_lock), from its read to its
-    write."""
+    write. A folder that does not exist is refused first, so that no lock file is made for it."""
 
     @functools.wraps(edit)
     def locked(folder: str | os.PathLike, *args, **kwargs) -> dict:
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(
+                f"{os.fspath(folder)}: no such folder; corpus add, remove and update edit a local corpus folder "
+                "(openrealm corpus build) or a retriever or model folder with block records and an index"
+            )
         with writer_lock(folder):
             return edit(folder, *args, **kwargs)
 
