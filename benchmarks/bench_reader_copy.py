@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from openrealm.tokenization.corpus import load_corpus
     from openrealm.trainers.embedding import exact_index
     from openrealm.trainers.pretraining import NULL_BLOCK_ID, RealmPretrainingExamples, RealmPretrainingModel
-    from openrealm.trainers.pretraining.evaluation import QUERY_KEYS, fixed_masked_queries
+    from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, query_rows
     from openrealm.trainers.towers import load_embedder, load_encoder
 
     run = Path(args.run)
@@ -80,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         log_probs = []
         for start in range(0, len(chosen), 16):
             rows = [row for row, _ in chosen[start : start + 16]]
-            chunk = {key: queries[key][rows] for key in QUERY_KEYS} | {"uid": [queries["uid"][r] for r in rows]}
-            batch = examples.with_candidates(chunk, [ids for _, ids in chosen[start : start + 16]])
+            batch = examples.with_candidates(query_rows(queries, rows), [ids for _, ids in chosen[start : start + 16]])
             with torch.no_grad():
                 log_probs.append(model(**batch).token_log_prob)  # [N, 4]: null, stating, mentioning, without
         token_log_prob = torch.cat(log_probs).numpy()
@@ -118,7 +117,7 @@ def rank_among_kind(model, examples, queries, tokenizer, names_by_kind: dict[str
     wordpieces of the other names of the same kind. An encoder that only learned which kind of name a sentence asks
     for ranks it near 0.5; one that learned the fact itself near 0."""
     from openrealm.trainers.pretraining import NULL_BLOCK_ID
-    from openrealm.trainers.pretraining.evaluation import QUERY_KEYS
+    from openrealm.trainers.pretraining.evaluation import query_rows
 
     kind_of = {name: kind for kind, names in names_by_kind.items() for name in names}
     first = {name: tokenizer(name, add_special_tokens=False)["input_ids"][0] for name in kind_of}
@@ -129,8 +128,7 @@ def rank_among_kind(model, examples, queries, tokenizer, names_by_kind: dict[str
         others = {first[name] for name in names_by_kind[kind_of[span]]} - {first[span]}
         if not others:
             continue
-        chunk = {key: queries[key][[row]] for key in QUERY_KEYS} | {"uid": [queries["uid"][row]]}
-        batch = examples.with_candidates(chunk, [[NULL_BLOCK_ID] * examples.num_candidates])
+        batch = examples.with_candidates(query_rows(queries, [row]), [[NULL_BLOCK_ID] * examples.num_candidates])
         hidden = model.encoder.realm(
             batch["joint_input_ids"][:, 0],
             attention_mask=batch["joint_attention_mask"][:, 0],

@@ -38,7 +38,6 @@ from openrealm.trainers.pretraining import (
     continuation_pieces,
 )
 from openrealm.trainers.pretraining.evaluation import (
-    QUERY_KEYS,
     fixed_masked_queries,
     held_out_query_blocks,
     query_rows,
@@ -215,7 +214,7 @@ def retrieval_at_start(model: RealmPretrainingModel, examples: RealmPretrainingE
     device = next(model.parameters()).device
     found = entropy = count = 0.0
     for start in range(0, len(queries["uid"]), BATCH_SIZE):
-        batch = examples(query_rows(queries, start, start + BATCH_SIZE))
+        batch = examples(query_rows(queries, slice(start, start + BATCH_SIZE)))
         if not batch["uid"]:
             continue
         output = model(**batch_on(batch, device))
@@ -264,8 +263,7 @@ def reader_utility(model: RealmPretrainingModel, examples: RealmPretrainingExamp
     sums = {"answer": 0.0, "other": 0.0, "tokens": 0, "queries": 0}
     for start in range(0, len(kept), BATCH_SIZE):
         rows = kept[start : start + BATCH_SIZE]
-        chunk = {key: queries[key][rows] for key in QUERY_KEYS} | {"uid": [queries["uid"][r] for r in rows]}
-        batch = examples.with_candidates(chunk, candidates[start : start + BATCH_SIZE])
+        batch = examples.with_candidates(query_rows(queries, rows), candidates[start : start + BATCH_SIZE])
         output = model(**batch_on(batch, device))
         token_rows = (batch["labels"] != -100).nonzero(as_tuple=True)[0]
         holds = batch["holds_answer"][token_rows].to(device)  # [N, K]

@@ -121,11 +121,15 @@ def answer_block_ids(texts: Sequence[str], own_block_ids: Sequence[int], spans: 
     ]
 
 
-def query_rows(queries: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
-    """Queries start..stop-1 of `fixed_masked_queries` output, as `RealmPretrainingExamples` takes them."""
-    batch = {key: queries[key][start:stop] for key in QUERY_KEYS}
-    batch["uid"] = queries["uid"][start:stop]
-    return batch
+def query_rows(queries: dict[str, Any], rows: slice | Sequence[int]) -> dict[str, Any]:
+    """The queries `rows` (a slice, or row numbers in any order) of `fixed_masked_queries` output, as
+    `RealmPretrainingExamples` takes them."""
+    if isinstance(rows, slice):
+        uids = queries["uid"][rows]
+    else:
+        rows = list(rows)
+        uids = [queries["uid"][row] for row in rows]
+    return {key: queries[key][rows] for key in QUERY_KEYS} | {"uid": uids}
 
 
 @torch.no_grad()
@@ -184,7 +188,7 @@ def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, A
         "examples": 0,
     }
     for start in range(0, len(queries["uid"]), batch_size):
-        batch = examples(query_rows(queries, start, start + batch_size))
+        batch = examples(query_rows(queries, slice(start, start + batch_size)))
         if not batch["uid"]:
             continue
         output = model(**batch)
