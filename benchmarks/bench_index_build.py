@@ -14,7 +14,7 @@ Rows (each a model x dtype x batching):
   minilm-real    all-MiniLM-L6-v2 (6 x 384, RealmEmbedder.from_bert_pretrained) on real blocks: the 4,667 SQuAD 1.1
                  dev + NQ-open dev gold passages packed by `openrealm corpus build` (tokenization/corpus.py), a seeded
                  random sample of --num-real-blocks of them
-  dtype          float32, or bf16/fp16 autocast
+  dtype          float32, or bf16/fp16: autocast, or (CUDA) a copy of the model cast to it (--half-weights)
   batching       sorted (longest first, each batch padded to its own longest block) or unsorted (block order)
 
 FLOPs (forward, counted on real tokens only, so padding is waste and does not count as work): a block of n tokens costs
@@ -40,6 +40,7 @@ from _device_limits import DTYPES, describe, matmul_tflops
 from transformers import AutoTokenizer
 
 from openrealm import RealmConfig, RealmEmbedder
+from openrealm.trainers import embedding
 from openrealm.trainers.embedding import block_lengths, embed_corpus, length_batches
 
 PASSAGES = (
@@ -130,6 +131,11 @@ def main() -> None:
     parser.add_argument("--corpus-dir", default="/tmp/openrealm-bench-corpus", help="where the real corpus is built")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak for --dtype")
     parser.add_argument("--measure-peak", action="store_true", help="measure each dtype's matmul peak in this run")
+    parser.add_argument(
+        "--half-weights",
+        default="cast",
+        help="comma-separated, CUDA half dtypes: cast (a copy of the model in the dtype, the default) and/or autocast",
+    )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
 
@@ -159,24 +165,28 @@ def main() -> None:
         embedder.to(device)
         lengths = block_lengths(table)
         flops = block_flops(lengths, embedder.config)
-        for dtype in args.dtype.split(","):
-            for batching in batchings:
-                seconds = time_embedding(embedder, table, tokenizer, device, dtype, batching == "sorted", args)
-                row = {
-                    "model": model_name,
-                    "dtype": dtype,
-                    "batching": batching,
-                    "blocks": len(table),
-                    "mean_len": float(lengths.mean()),
-                    "padding": padding_fraction(lengths, args.batch_size, batching == "sorted"),
-                    "blocks_per_s": len(table) / seconds,
-                    "tflops": flops / seconds / 1e12,
-                }
-                if peaks[dtype]:
-                    row["peak_tflops"] = peaks[dtype]
-                    row["peak_fraction"] = row["tflops"] / peaks[dtype]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        weights = args.half_weights.split(",") if device.type == "cuda" else ["autocast"]
+        settings = [(d, b, w) for d in args.dtype.split(",") for b in batchings for w in weights]
+        for dtype, batching, weight in settings:
+            if dtype == "float32" and weight != weights[0]:
+                continue
+            embedding.CAST_WEIGHTS_ON_CUDA = weight == "cast"
+            seconds = time_embedding(embedder, table, tokenizer, device, dtype, batching == "sorted", args)
+            row = {
+                "model": model_name,
+                "dtype": dtype if dtype == "float32" else f"{dtype} {weight}",
+                "batching": batching,
+                "blocks": len(table),
+                "mean_len": float(lengths.mean()),
+                "padding": padding_fraction(lengths, args.batch_size, batching == "sorted"),
+                "blocks_per_s": len(table) / seconds,
+                "tflops": flops / seconds / 1e12,
+            }
+            if peaks[dtype]:
+                row["peak_tflops"] = peaks[dtype]
+                row["peak_fraction"] = row["tflops"] / peaks[dtype]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
 
     print(f"\n{describe(device)}, {args.threads} threads, batch size {args.batch_size}\n")
     has_peak = all(r.get("peak_tflops") for r in rows)

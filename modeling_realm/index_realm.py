@@ -47,6 +47,8 @@ FORMAT_VERSION = 1
 _GPU_MAX_K = 2048  # faiss GPU indexes return at most 2048 neighbours per query
 # Candidates per wanted result that exact search over float16 / bfloat16 embeddings re-scores in float32.
 HALF_PRECISION_RERANK = 4
+# Rows per tile in tiled exact search (tiled_top_k_candidates): the scan keeps each tile's best score.
+TILE_ROWS = 256
 
 # Parameters each index type accepts (all ints). None = filled in by resolve_index_params from the data size, except
 # chunk_size, which stays unset and is picked per device at search time (default_chunk_size).
@@ -119,6 +121,7 @@ def torch_exact_search(
     k: int,
     chunk_size: int | None = None,
     excluded: torch.Tensor | None = None,
+    tiled: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k inner products. block_emb [N, D], query_emb [Q, D] -> (scores [Q, k] float32, ids [Q, k] int64).
 
@@ -131,6 +134,10 @@ def torch_exact_search(
     float16 / bfloat16 block_emb (half the bytes to read): the scan scores in that precision, whose rounding (8 bits of
     mantissa in bf16) would reorder close blocks, so it keeps HALF_PRECISION_RERANK * k candidates and re-scores them
     in float32 (float32 query . stored row): the returned scores and order are those of the stored vectors.
+
+    `tiled` (default: on any device but the CPU) selects without a per-chunk top-k: tiled_top_k_candidates keeps
+    each tile's best score, then scores again only the rows of the best tiles. Same result; no host synchronisation
+    in the scan, and the [Q, chunk] scores are read once by a reduction instead of by a radix select.
     """
     num_blocks = block_emb.shape[0]
     num_excluded = 0 if excluded is None else excluded.numel()
@@ -142,6 +149,13 @@ def torch_exact_search(
     num_fetch = min(k * HALF_PRECISION_RERANK, num_blocks - num_excluded) if half else k
     chunk_size = chunk_size or default_chunk_size(block_emb.device, query_emb.shape[0])
     q = query_emb.detach().to(block_emb.device, block_emb.dtype)
+    if tiled if tiled is not None else block_emb.device.type != "cpu":
+        with torch.no_grad():
+            best_scores, best_ids = tiled_top_k_candidates(block_emb, q, num_fetch, chunk_size, excluded)
+            if half:
+                query = query_emb.detach().to(block_emb.device)
+                best_scores, best_ids = rescore_float32(block_emb, query, best_ids, k)
+        return best_scores.to(query_emb.device), best_ids.to(query_emb.device)
     # One reusable score buffer: allocating (and page-faulting) a fresh one per chunk costs more than the top-k.
     buffer = torch.empty(q.shape[0] * min(chunk_size, num_blocks), dtype=block_emb.dtype, device=block_emb.device)
     best_scores = best_ids = None
@@ -167,6 +181,64 @@ def torch_exact_search(
         if half:
             best_scores, best_ids = rescore_float32(block_emb, query_emb.detach().to(block_emb.device), best_ids, k)
     return best_scores.to(query_emb.device), best_ids.to(query_emb.device)
+
+
+def tiled_top_k_candidates(
+    block_emb: torch.Tensor,
+    q: torch.Tensor,
+    num_fetch: int,
+    chunk_size: int,
+    excluded: torch.Tensor | None = None,
+    tile_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The num_fetch best rows of block_emb [N, D] for q [Q, D] (both in block_emb's dtype and device) -> (scores
+    [Q, num_fetch] float32, ids [Q, num_fetch]), by score, then id, as top_k_lowest_ids_first orders them.
+
+    Two stages. The scan keeps only the best score of each tile of tile_rows consecutive rows ([Q, N / tile_rows]).
+    Then, per query, the num_fetch tiles ordered first by (best score descending, tile index ascending) hold the
+    answer: a tile ordered before the tile of the r-th best row holds a row ordered before it (a higher score, or the
+    same score and a lower id), so at most r - 1 tiles precede it. Their rows are scored again and the best kept. The
+    scan does no top-k and no host synchronisation; `excluded` rows are scored -inf. tile_rows: TILE_ROWS by default.
+    """
+    num_blocks = block_emb.shape[0]
+    tile_rows = tile_rows or TILE_ROWS
+    chunk_size = -(-chunk_size // tile_rows) * tile_rows  # whole tiles, so tile t holds rows [t * rows, (t+1) * rows)
+    bounds = None
+    if excluded is not None and excluded.numel():
+        excluded_cpu = excluded.cpu()
+        starts = torch.arange(0, num_blocks, chunk_size)
+        bounds = torch.searchsorted(excluded_cpu, torch.stack([starts, starts + chunk_size], 1)).tolist()
+        excluded = excluded.to(block_emb.device)
+    buffer = torch.empty(q.shape[0] * min(chunk_size, num_blocks), dtype=block_emb.dtype, device=block_emb.device)
+    tile_best = []
+    for number, start in enumerate(range(0, num_blocks, chunk_size)):
+        chunk = block_emb[start : start + chunk_size]
+        rows = chunk.shape[0]
+        scores = torch.mm(q, chunk.T, out=buffer[: q.shape[0] * rows].view(q.shape[0], rows))
+        if bounds is not None and bounds[number][1] > bounds[number][0]:
+            scores[:, excluded[bounds[number][0] : bounds[number][1]] - start] = float("-inf")
+        full = rows - rows % tile_rows
+        tile_best.append(scores[:, :full].view(q.shape[0], -1, tile_rows).amax(dim=2))
+        if full < rows:
+            tile_best.append(scores[:, full:].amax(dim=1, keepdim=True))
+    tile_best = torch.cat(tile_best, dim=1)  # [Q, ceil(N / tile_rows)]; a chunk is a whole number of tiles
+    num_tiles = min(num_fetch, tile_best.shape[1])
+    tiles = tile_best.float().argsort(dim=1, descending=True, stable=True)[:, :num_tiles]  # [Q, T]
+    ids = (tiles.unsqueeze(2) * tile_rows + torch.arange(tile_rows, device=tiles.device)).flatten(1)  # [Q, T * rows]
+    ids = ids.sort(dim=1).values  # by id, so that the stable sort below keeps the lowest id first among equals
+    out_scores, out_ids = [], []
+    step = max(1, 2**26 // (ids.shape[1] * block_emb.shape[1]))  # queries per gather of [step, T * rows, D] rows
+    for first in range(0, q.shape[0], step):
+        some = ids[first : first + step]
+        candidates = block_emb[some.clamp(max=num_blocks - 1)]  # [step, C, D]
+        scores = torch.bmm(candidates, q[first : first + step].unsqueeze(2)).squeeze(2).float()
+        scores = scores.masked_fill(some >= num_blocks, float("-inf"))
+        if bounds is not None:
+            scores = scores.masked_fill(torch.isin(some, excluded), float("-inf"))
+        order = scores.argsort(dim=1, descending=True, stable=True)[:, :num_fetch]
+        out_scores.append(scores.gather(1, order))
+        out_ids.append(some.gather(1, order))
+    return torch.cat(out_scores), torch.cat(out_ids)
 
 
 def rescore_float32(

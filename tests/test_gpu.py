@@ -2,6 +2,7 @@
 and a pre-training run whose index is rebuilt by an asynchronous builder process on the same GPU. Skipped without
 CUDA (benchmarks/gpu_suite.sh runs them on a lent GPU)."""
 
+import argparse
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from openrealm import RealmConfig, RealmEmbedder
 from openrealm.index_realm import RealmBlockIndex, torch_exact_search
 from openrealm.trainers import pretrain
 from openrealm.trainers.embedding import embed_corpus
+from openrealm.trainers.options import train_pretrain
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICE = "cuda"
@@ -96,8 +98,8 @@ def test_pretraining_on_cuda_swaps_in_indexes_built_by_an_async_builder_on_the_s
     argv += ["--max-steps", "9", "--refresh-every", "3", "--refresh-mode", "async", "--refresh-lag", "2"]
     argv += ["--batch-size", "4", "--logging-steps", "1", "--config-overrides", TINY_PRETRAIN]
     argv += ["--no-progress", "--bf16"]
-    parser = pretrain.argparse.ArgumentParser()
-    pretrain.train_pretrain(parser)
+    parser = argparse.ArgumentParser()
+    train_pretrain(parser)
     recorder = DeviceRecorder()
     assert pretrain.run(parser.parse_args(argv), callbacks=[recorder]) == 0
     assert recorder.devices == {"cuda"}

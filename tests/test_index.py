@@ -89,6 +89,40 @@ def test_equal_scores_go_to_the_lowest_ids_whatever_the_chunk_size(chunk_size):
     assert scores.tolist() == [[float(blocks[5] @ blocks[5])] * 4]  # exact: integer inner products
 
 
+@pytest.mark.parametrize("tile_rows", [1, 4, 64, 256])
+def test_tiled_exact_search_returns_what_the_chunked_top_k_returns(data, tile_rows, monkeypatch):
+    monkeypatch.setattr(index_realm, "TILE_ROWS", tile_rows)
+    blocks, queries = data
+    expected = torch_exact_search(blocks, queries, 7, chunk_size=NUM_BLOCKS, tiled=False)
+    for chunk_size in (NUM_BLOCKS, 333, 3):  # 333 and 3 are not whole tiles: rounded up to them
+        assert_same_top_k(torch_exact_search(blocks, queries, 7, chunk_size=chunk_size, tiled=True), expected)
+
+
+@pytest.mark.parametrize("tile_rows", [1, 4, 16])
+def test_tiled_exact_search_gives_equal_scores_to_the_lowest_ids(tile_rows, monkeypatch):
+    monkeypatch.setattr(index_realm, "TILE_ROWS", tile_rows)
+    blocks, query = duplicated_integer_blocks()
+    scores, ids = torch_exact_search(blocks, query, 4, chunk_size=7, tiled=True)
+    assert ids.tolist() == [[5, 11, 12, 23]]
+    assert scores.tolist() == [[float(blocks[5] @ blocks[5])] * 4]
+
+
+def test_tiled_exact_search_never_returns_an_excluded_block():
+    blocks, query = duplicated_integer_blocks()
+    excluded = torch.tensor([5, 12])
+    _, ids = torch_exact_search(blocks, query, 4, chunk_size=8, excluded=excluded, tiled=True)
+    _, expected = torch_exact_search(blocks, query, 4, chunk_size=8, excluded=excluded, tiled=False)
+    assert ids.tolist() == expected.tolist() == [[11, 23, 30, 38]]
+
+
+def test_tiled_exact_search_over_half_precision_storage_matches_the_chunked_one():
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.nn.functional.layer_norm(torch.randn(20_000, 64, generator=g), (64,)).to(torch.bfloat16)
+    queries = blocks[:16].float() + 0.7 * torch.randn(16, 64, generator=g)
+    tiled = torch_exact_search(blocks, queries, 5, chunk_size=4096, tiled=True)
+    assert_same_top_k(tiled, torch_exact_search(blocks, queries, 5, chunk_size=4096, tiled=False))
+
+
 @pytest.mark.parametrize("index_type", ["exact", "flat"])
 def test_an_index_returns_tied_duplicate_blocks_in_id_order(index_type):
     blocks, query = duplicated_integer_blocks()

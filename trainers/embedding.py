@@ -10,6 +10,7 @@ on its batch), and bf16/fp16 autocast is used where the device supports it (defa
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from contextlib import nullcontext
 
@@ -24,6 +25,9 @@ from openrealm.trainers.stage_utils import eval_mode
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
+# On CUDA a half-precision dtype runs a copy of the embedder cast to it rather than autocast, under which LayerNorm
+# and the residual sums run in float32 and every linear layer casts its input again: half the activation bytes.
+CAST_WEIGHTS_ON_CUDA = True
 GATHER_CHUNK_ROWS = 2**18  # rows all-gathered at a time: peak extra memory world_size * 2^18 * dim floats
 
 
@@ -108,7 +112,8 @@ def embed_corpus(
     blocks: the corpus `blocks` dataset (openrealm.tokenization.corpus.load_corpus) or its pyarrow table; tokenizer:
     the corpus tokenizer (its [CLS]/[SEP]/[PAD] ids); shard = (rank, world_size) takes the contiguous share
     shard_range(len(blocks), rank, world_size). The embedder is moved to device (default: where it is) and run in eval
-    mode under inference_mode, with autocast to dtype unless float32 ('auto': bf16 on CUDA, float32 elsewhere).
+    mode under inference_mode, with autocast to dtype unless float32 ('auto': bf16 on CUDA, float32 elsewhere); on
+    CUDA a half dtype runs a copy of the embedder cast to it (CAST_WEIGHTS_ON_CUDA).
     """
     from tqdm.auto import tqdm
 
@@ -131,6 +136,8 @@ def embed_corpus(
     )
     autocast = torch.autocast(device.type, dtype=compute_dtype) if compute_dtype != torch.float32 else nullcontext()
     embedder.to(device)
+    if compute_dtype != torch.float32 and device.type == "cuda" and CAST_WEIGHTS_ON_CUDA:
+        embedder, autocast = copy.deepcopy(embedder).to(dtype=compute_dtype), nullcontext()
     pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     name = "embedding" if shard[1] == 1 else f"embedding shard {shard[0] + 1}/{shard[1]}"
     bar = tqdm(total=stop - start, unit="block", desc=name, disable=not progress)

@@ -187,10 +187,12 @@ def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, A
         "found": 0,
         "examples": 0,
     }
+    device = next(model.parameters()).device
     for start in range(0, len(queries["uid"]), batch_size):
         batch = examples(query_rows(queries, slice(start, start + batch_size)))
         if not batch["uid"]:
             continue
+        batch = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
         output = model(**batch)
         predicted = _marginal_argmax(model, batch, output.candidate_log_prob)
         mask = batch["labels"] != -100
