@@ -1,15 +1,17 @@
-"""Does the encoder read? How well a quickstart run's encoders predict a masked span from a block that states the fact,
-in REALM's own joint input, before and after REALM pre-training.
+"""Does the encoder read? How well a quickstart run's encoders predict a masked span from each kind of block, in
+REALM's own joint input, before and after REALM pre-training.
 
     python benchmarks/bench_reader_copy.py --run realm-quickstart [--encoders reading-warmup pretrain/encoder]
 
-For every corpus block's masked query (`fixed_masked_queries`, seed 0) whose span is stated elsewhere, the encoder
-reads `[CLS] query [SEP] block [SEP]` with four kinds of block: one that states the fact (it holds the span and
-another name of the query sentence), one that only mentions the span (it holds the span, no other name of the
-sentence), one without the span, and the null document. Per masked wordpiece it reports the mean and median of
-log p(y|z,x) and the share of wordpieces given p > 0.5 ("copies"). REALM's retriever is trained by the difference
-between these rows: a reader for which a stating block is worth little more than any other block gives it no signal
-towards the fact (benchmarks/RESULTS.md, "Table 2 on the quickstart").
+The probe is trainers/world/reading_tasks.py's `reading_probe` (what `openrealm quickstart` records in results.json's
+"reader"): one masked query per block as REALM pre-training draws them, read with `[CLS] query [SEP] block [SEP]` for
+one block of each kind the world's facts say it is: one that states the fact and determines the answer ("stating"),
+one that states it beside another fact of the same form ("ambiguous"), one that only holds the span's words
+("mentioning"), one without them, and the null document. Per masked wordpiece it reports the mean log p(y|z,x) and
+the share given p > 0.5 ("copies"). REALM's retriever is trained by the differences between these rows; a second
+table ranks the masked name among the names of its kind with the null document, to tell an encoder that learned only
+the kind of name a sentence asks for (0.5) from one that learned the facts (0) (benchmarks/RESULTS.md, "A reader that
+reads").
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-KINDS = ("stating", "mentioning", "without span", "null document")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,64 +40,40 @@ def main(argv: list[str] | None = None) -> int:
 
     from openrealm.tokenization.corpus import load_corpus
     from openrealm.trainers.embedding import exact_index
-    from openrealm.trainers.pretraining import NULL_BLOCK_ID, RealmPretrainingExamples, RealmPretrainingModel
-    from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, query_rows
+    from openrealm.trainers.pretraining import RealmPretrainingExamples, RealmPretrainingModel
+    from openrealm.trainers.pretraining.evaluation import fixed_masked_queries
     from openrealm.trainers.towers import load_embedder, load_encoder
+    from openrealm.trainers.world.reading_tasks import ReadingTasks, probe_examples, reading_probe
+    from openrealm.trainers.world.synthetic_world import World
 
     run = Path(args.run)
     tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
     blocks = load_corpus(str(run / "corpus"))
-    entities = [json.loads(line) for line in (run / "world" / "entities.jsonl").read_text().splitlines()]
-    names = [entity["name"] for entity in entities]
+    world = World.read(run / "world")
+    tasks = ReadingTasks(world, blocks, tokenizer)
+    examples = probe_examples(tasks, args.seed)
     names_by_kind: dict[str, list[str]] = {}
-    for entity in entities:
+    for entity in world.entities:
         names_by_kind.setdefault(entity["kind"], []).append(entity["name"])
-    texts = blocks["text"]
     queries = fixed_masked_queries(tokenizer, blocks, num_queries=len(blocks), seed=args.seed)
-    rng = np.random.default_rng(args.seed)
-    chosen = []  # (query row, [null, stating, mentioning, without span]) for queries with all three kinds of block
-    for row, (text, span, holding) in enumerate(
-        zip(queries["query_text"], queries["span_text"], queries["answer_block_ids"], strict=True)
-    ):
-        others = [name for name in names if name in text and name not in span and span not in name]
-        stating = [b for b in holding if any(name in texts[b] for name in others)]
-        mentioning = sorted(set(holding) - set(stating))
-        without = [b for b in range(len(texts)) if span not in texts[b] and b != int(queries["block_id"][row])]
-        if stating and mentioning and without:
-            picks = [int(rng.choice(stating)), int(rng.choice(mentioning)), int(rng.choice(without))]
-            chosen.append((row, [NULL_BLOCK_ID, *picks]))
     embedder = load_embedder(run / "ict", tokenizer).eval()
-    examples = RealmPretrainingExamples(
+    candidates = RealmPretrainingExamples(
         tokenizer, blocks, embedder, exact_index(embedder, blocks, tokenizer), num_candidates=4
     )
-    print(f"{args.run}: {len(chosen)} of {len(queries['uid'])} masked queries have all three kinds of block\n")
-    print("| encoder | block | wordpieces | mean log p(y|z,x) | median | share with p > 0.5 |")
-    print("|---|---|---|---|---|---|")
+    print(f"{args.run}: {len(queries['uid'])} masked queries, one per block\n")
+    print("| encoder | block | wordpieces | mean log p(y|z,x) | share with p > 0.5 |")
+    print("|---|---|---|---|---|")
     results = {}
     for folder in args.encoders:
         encoder = load_encoder(run / folder, tokenizer).eval()
-        model = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0).eval()
-        log_probs = []
-        for start in range(0, len(chosen), 16):
-            rows = [row for row, _ in chosen[start : start + 16]]
-            batch = examples.with_candidates(query_rows(queries, rows), [ids for _, ids in chosen[start : start + 16]])
-            with torch.no_grad():
-                log_probs.append(model(**batch).token_log_prob)  # [N, 4]: null, stating, mentioning, without
-        token_log_prob = torch.cat(log_probs).numpy()
-        order = {"null document": 0, "stating": 1, "mentioning": 2, "without span": 3}
-        results[folder] = {}
-        for kind in KINDS:
-            values = token_log_prob[:, order[kind]]
-            results[folder][kind] = {
-                "mean": float(values.mean()),
-                "median": float(np.median(values)),
-                "copies": float((values > np.log(0.5)).mean()),
-            }
+        results[folder] = reading_probe(encoder, tasks, examples)
+        for kind, value in results[folder]["kinds"].items():
             print(
-                f"| {folder} | {kind} | {len(values)} | {values.mean():.2f} | {np.median(values):.2f} "
-                f"| {(values > np.log(0.5)).mean():.3f} |"
+                f"| {folder} | {kind} | {value['wordpieces']} | {value['mean_log_prob']:.2f} "
+                f"| {value['copy_share']:.3f} |"
             )
-        results[folder]["null document rank"] = rank_among_kind(model, examples, queries, tokenizer, names_by_kind)
+        model = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0).eval()
+        results[folder]["null document rank"] = rank_among_kind(model, candidates, queries, tokenizer, names_by_kind)
     print(
         "\nWithout a block: the masked name's first wordpiece ranked among the first wordpieces of the other names of"
     )
@@ -107,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.encoders:
         rank = results[folder]["null document rank"]
         print(f"| {folder} | {rank['count']} | {rank['mean_rank']:.3f} | {rank['first']:.3f} |")
-    print("\n" + json.dumps({"run": args.run, "num_queries": len(chosen), "encoders": results}))
+    print("\n" + json.dumps({"run": args.run, "encoders": results}))
     return 0
 
 

@@ -1,8 +1,9 @@
-"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 8 minutes).
+"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 9 minutes).
 
-The default preset, as a user runs it. The assertions are what holds for seeds 0-4 and two fresh seeds; which of the
-paper's orderings hold varies with the seed and is not asserted (results.json "claims"; benchmarks/RESULTS.md, "Table 2
-on the quickstart")."""
+The default preset, as a user runs it. The assertions are what holds for seeds 0-4 and two fresh seeds (4242, 90210):
+the encoder reads, keeps reading, and its signal raises Figure 4's curves. Which of the paper's Table 2 orderings
+hold varies with the seed and is not asserted (results.json "claims"; benchmarks/RESULTS.md, "A reader that
+reads")."""
 
 import json
 import subprocess
@@ -19,8 +20,10 @@ from openrealm.trainers.quickstart_report import CLAIMS, table2_claims
 pytestmark = pytest.mark.slow
 
 # The world's perfect-reader bound above the ICT start, in zero-shot recall@5 points: 51.1, 44.6, 19.6, 58.7, 39.1 on
-# seeds 0-4 and 28.3, 29.3 on seeds 2027, 31337 (docs/quickstart.md).
+# seeds 0-4 and 54.4, 59.8 on seeds 4242, 90210 (docs/quickstart.md).
 MIN_BOUND_GAIN = 10.0
+# Figure 4's curve, last evaluation against the first (nats; recall@5 points): see the tests that use them.
+MIN_UTILITY_GAIN, MIN_RECALL_GAIN = 0.4, 10.0
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +69,18 @@ def test_report_shows_both_plots_and_every_stage(run, results):
     assert set(results["timings_s"]) >= {PRETRAINING_STAGE, "answers through the pipeline"}
 
 
-def test_reading_warmup_taught_the_encoder_to_copy_from_a_stating_context(run):
+def test_reading_warmup_taught_the_encoder_to_copy_from_a_stating_block(run, results):
     history = json.loads((run / "reading-warmup" / "reading_warmup.json").read_text())["history"]
-    # held-out copy accuracy at the end, seeds 0-4: 0.44, 0.30, 0.28, 0.37, 0.10 (0.0 at the start)
-    assert history[0]["accuracy"] < 0.05 and history[-1]["accuracy"] > 0.08
-    assert history[-1]["accuracy_irrelevant"] < 0.05  # it reads; it has not memorised the world
+    # copy share from a stating block at the end, seeds 0-4 and two fresh seeds: 0.890-0.945 (0.0 at the start)
+    assert history[0]["copy_share"] == 0.0 and history[-1]["copy_share"] > 0.8
+    assert results["reader"]["start"]["copy_share"] == history[-1]["copy_share"]  # the same probe, the same encoder
+
+
+def test_the_encoder_still_reads_after_realm_pretraining(results):
+    start, end = results["reader"]["start"], results["reader"]["end"]
+    # after the 400 steps, seeds 0-4 and two fresh seeds: copy share 0.856-0.933, utility 3.49-3.78 nats
+    assert end["copy_share"] > 0.7 and end["utility"] > 3.0
+    assert set(end["kinds"]) == set(start["kinds"]) >= {"stating", "mentioning", "without", "null"}
 
 
 def test_pretraining_refreshed_the_index_asynchronously_with_swaps_at_fixed_steps(run, results):
@@ -108,12 +118,21 @@ def test_results_carry_table_2_rows_for_every_ablation(results):
         assert row["exact_match"] == results["open_qa"][run]["exact_match"]
 
 
-def test_retrieved_blocks_help_the_encoder_throughout_pretraining(results):
-    # Retrieval utility (log p(y|x) marginalised over the candidates minus log p(y|null document, x)) stays above 0 at
-    # every evaluation: the encoder reads the retrieved blocks. Seeds 0, 1, 2 end at 1.70, 0.67, 1.61 nats, well above
-    # the threshold. What does not hold for every seed is not asserted: the retriever's recall rising (it rises for
-    # seed 0 and stays flat for seeds 1 and 2; benchmarks/RESULTS.md).
-    assert min(results["pretraining_curve"]["retrieval_utility"]) > 0.0
+def test_retrieval_utility_rises_over_pretraining(results):
+    # Figure 4's retrieval utility (log p(y|x) marginalised over the candidates minus log p(y|null document, x)) at the
+    # last evaluation against the first: +0.64 to +0.96 nats on seeds 0-4, 4242 and 90210 (benchmarks/RESULTS.md, "A
+    # reader that reads"). It starts near 0: the top K then hold few stating blocks.
+    utility = results["pretraining_curve"]["retrieval_utility"]
+    assert utility[-1] > utility[0] + MIN_UTILITY_GAIN
+
+
+def test_realm_pretraining_raises_recall_on_figure_4s_masked_queries(results):
+    # The learned reader's own signal trains the retriever: recall@5 of a block holding the masked span rises by 12.0
+    # to 29.7 points on seeds 0-4, 4242 and 90210. It fails when the retriever stops learning: with the retriever's
+    # gradient cut the embedder, and so the index, does not change; the earlier warm-up's weak reader gained -1.7 to
+    # +12.7 (5.1 on seed 0, the seed this test runs).
+    recall = results["pretraining_curve"]["recall_at_5"]
+    assert recall[-1] >= recall[0] + MIN_RECALL_GAIN
 
 
 def test_pretraining_curve_is_figure_4_in_percent(results):

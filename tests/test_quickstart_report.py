@@ -107,8 +107,27 @@ def report(tmp_path) -> str:
     demo = [{"question": "Where was Bo born?", "answer": "Kel", "expected": ["Kel"], "block_id": 3, "title": "Bo"}]
     world = {"ict_start_recall_at_5": 13.9, "bm25_recall_at_5": 99.0, "perfect_reader_bound_recall_at_5": 80.0}
     claims = table2_claims(with_recall(PAPER, "stale_index", 36.0))
-    path = write_report(tmp_path, "default", 0, {"world": 1.0}, history, runs, demo, PAPER["ablations"], world, claims)
+    path = write_report(
+        tmp_path, "default", 0, {"world": 1.0}, history, runs, demo, PAPER["ablations"], world, claims, READER
+    )
     return path.read_text()
+
+
+def probe(copy_share: float, stated: float, null: float) -> dict:
+    """A reading_probe result with the stating block's and the null document's numbers given."""
+    kinds = {"stating": {"wordpieces": 100, "mean_log_prob": stated, "copy_share": copy_share}}
+    kinds["null"] = {"wordpieces": 120, "mean_log_prob": null, "copy_share": 0.02}
+    return {"copy_share": copy_share, "stated_log_prob": stated, "utility": stated - null, "kinds": kinds}
+
+
+READER = {"start": probe(0.93, -0.38, -4.19), "end": probe(0.9, -0.44, -4.16)}
+
+
+def test_report_shows_how_well_the_encoder_reads_before_and_after_pretraining(report):
+    assert "| stating | -0.38 | -0.44 | 0.930 | 0.900 |" in report
+    assert "| null | -4.19 | -4.16 | 0.020 | 0.020 |" in report
+    assert "copied 0.930 of the masked wordpieces from a stating block after its warm-up and 0.900 after" in report
+    assert "worth 3.81 nats per wordpiece over no block before and 3.72 after" in report
 
 
 def test_report_puts_the_papers_numbers_beside_each_table_2_row(report):

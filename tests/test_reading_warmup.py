@@ -1,24 +1,43 @@
-"""The reading warm-up (trainers/world/reading_warmup.py): the synthetic world's "BERT stage" teaches the encoder to
-copy a masked name from a context stating the same fact, with names renamed so that memorising the world never pays."""
+"""The reading warm-up (trainers/world/reading_warmup.py) and the reading tasks it trains on and is measured by
+(trainers/world/reading_tasks.py): REALM's own joint input over the world's corpus, every block of a known kind for
+each query, names renamed in training so that only reading pays."""
 
 import json
 import random
+import re
 
 import pytest
 import torch
+from datasets import Dataset
 from helpers import TINY_WORLD, tiny_overrides
 from transformers import AutoTokenizer
 
 from openrealm import RealmKnowledgeAugEncoder
+from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
+from openrealm.trainers.embedding import exact_index
+from openrealm.trainers.pretraining import RealmPretrainingExamples
+from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, query_rows
 from openrealm.trainers.stage_utils import parse_config_overrides
-from openrealm.trainers.towers import load_encoder
+from openrealm.trainers.towers import load_embedder, load_encoder
 from openrealm.trainers.world import reading_warmup
-from openrealm.trainers.world.reading_warmup import FactPairs, collate, mlm_logits
-from openrealm.trainers.world.synthetic_world import generate_world
+from openrealm.trainers.world.reading_tasks import (
+    KINDS,
+    NAME_WORDS,
+    ReadingTasks,
+    collate,
+    masked_log_prob,
+    reading_probe,
+)
+from openrealm.trainers.world.reading_warmup import Curriculum, query_pools, training_example
+from openrealm.trainers.world.synthetic_world import MONTHS, generate_world
 
-# The tiny towers without a retriever projection (an encoder), reading 256 positions.
-ENCODER = tiny_overrides(retriever_proj_size=None, max_position_embeddings=256)
+# The tiny towers without a retriever projection (an encoder), reading REALM's 384 joint positions.
+ENCODER = tiny_overrides(retriever_proj_size=None, max_position_embeddings=384)
+# The smallest encoder that learns to copy within a test's budget: two layers, as the induction-head results need.
+READER = tiny_overrides(
+    retriever_proj_size=None, max_position_embeddings=384, hidden_size=64, num_hidden_layers=2, intermediate_size=128
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +45,12 @@ def world_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("warmup")
     world = generate_world(seed=0, **TINY_WORLD)
     world.write(root / "world")
-    train_wordpiece_vocab(world.texts(), root / "corpus", vocab_size=600)
+    tokenizer = train_wordpiece_vocab(world.texts(), root / "tokenizer", vocab_size=600)
+    articles = Dataset.from_list([{"title": a["title"], "text": a["text"]} for a in world.articles])
+    build_corpus(
+        articles, root / "corpus", tokenizer, max_block_length=64, span_annotator=world.span_annotator(),
+        progress=False,
+    )  # fmt: skip
     return root
 
 
@@ -36,67 +60,229 @@ def world():
 
 
 @pytest.fixture(scope="module")
-def pairs(world, world_folder):
-    return FactPairs(world, AutoTokenizer.from_pretrained(world_folder / "corpus"), irrelevant=0.0)
+def tasks(world, world_folder):
+    corpus = world_folder / "corpus"
+    return ReadingTasks(world, load_corpus(corpus), AutoTokenizer.from_pretrained(corpus))
 
 
-def test_masked_wordpieces_are_the_renamed_answer_and_appear_in_the_stating_context(pairs):
-    rng = random.Random(0)
-    mask = pairs.tokenizer.mask_token_id
-    for pair in pairs.train[:50]:
-        ids, labels, types = pairs.example(pair, rng)
+def mention_sentences(world, fact) -> set[str]:
+    return {world.sentence(m["title"], m["sentence_index"]).strip() for m in fact["mentions"]}
+
+
+# -- the kinds of blocks ----------------------------------------------------------------------------------------------
+
+
+def test_every_salient_span_of_every_block_is_a_query(tasks):
+    spans = sum(len(row["span_char_starts"]) for row in tasks.blocks)
+    assert len(tasks.queries) == spans
+    assert all(q.sentence[q.span[0] : q.span[1]] for q in tasks.queries)
+
+
+def blocks_of_kind(tasks, kind: str):
+    """(query, the text of its masked span, a block's text) for every block of `kind` of every query."""
+    for query in tasks.queries:
+        span = query.sentence[query.span[0] : query.span[1]]
+        for block in query.blocks[kind]:
+            yield query, span, tasks.texts[block]
+
+
+def stated_answers(world, fact, side: str, text: str) -> set[str]:
+    """The `side` ("subject" or "value") of every fact of `fact`'s relation and other side that `text` states."""
+    known = "value" if side == "subject" else "subject"
+    return {
+        other[side] for other in world.facts
+        if other["relation"] == fact["relation"] and other[known] == fact[known]
+        and any(s in text for s in mention_sentences(world, other))
+    }  # fmt: skip
+
+
+def test_a_stating_block_holds_another_statement_of_the_queried_fact_and_determines_the_answer(world, tasks):
+    checked = 0
+    for query, span, text in blocks_of_kind(tasks, "stating"):
+        roles = tasks.roles(query.sentence, span)
+        assert roles and all(stated_answers(world, fact, side, text) == {fact[side]} for fact, side in roles)
+        checked += 1
+    assert checked > 50
+
+
+def test_an_ambiguous_block_states_the_fact_beside_another_of_the_same_form(world, tasks):
+    found = 0
+    for query, span, text in blocks_of_kind(tasks, "ambiguous"):
+        (fact, side), *_ = tasks.roles(query.sentence, span)
+        answers = stated_answers(world, fact, side, text)
+        assert span in answers and len(answers) >= 2
+        found += 1
+    assert found  # "[MASK] worked for X Guild" against a block listing several of its staff
+
+
+def test_mentioning_and_without_blocks_are_told_apart_by_the_masked_words(tasks):
+    for query in tasks.queries[:200]:
+        span = query.sentence[query.span[0] : query.span[1]]
+        assert all(span in tasks.texts[b] for b in query.blocks["mentioning"])
+        assert all(span not in tasks.texts[b] for b in query.blocks["without"])
+        every = [b for kind in KINDS[:-1] for b in query.blocks[kind]]
+        assert sorted(every) == [b for b in range(len(tasks.texts)) if b != query.block_id]  # each once, own left out
+
+
+# -- examples ---------------------------------------------------------------------------------------------------------
+
+
+def test_an_unrenamed_example_is_realm_pretrainings_joint_input_for_the_same_query_and_block(world_folder, tasks):
+    """The probe reads exactly what REALM pre-training's reader reads: same ids, segments and labels."""
+    tokenizer, blocks = tasks.tokenizer, tasks.blocks
+    queries = fixed_masked_queries(tokenizer, blocks, num_queries=20, seed=3)
+    embedder = load_embedder("random", tokenizer, parse_config_overrides(tiny_overrides()), seed=0).eval()
+    examples = RealmPretrainingExamples(tokenizer, blocks, embedder, exact_index(embedder, blocks, tokenizer), 2)
+    for row in range(len(queries["uid"])):
+        block = (int(queries["block_id"][row]) + 1) % len(blocks)
+        batch = examples.with_candidates(query_rows(queries, [row]), [[-1, block]])
+        query = tasks.query(int(queries["block_id"][row]), queries["query_text"][row], tuple(queries["span"][row]))
+        for k, context in enumerate((None, block)):
+            ids, labels, types = tasks.example(query, context)
+            length = int(batch["joint_attention_mask"][0, k].sum())
+            assert ids == batch["joint_input_ids"][0, k, :length].tolist()  # exact: copied ids
+            assert types == batch["joint_token_type_ids"][0, k, :length].tolist()  # exact: copied ids
+            assert labels == batch["labels"][0, : len(labels)].tolist()  # exact: copied ids
+
+
+def test_a_renamed_example_is_the_renamed_text_tokenized(tasks):
+    """Renaming works on wordpieces for speed: it must give what tokenizing the renamed sentence and block would."""
+    rng, tokenizer = random.Random(0), tasks.tokenizer
+    for query in [q for q in tasks.queries if q.blocks["stating"]][:40]:
+        block = query.blocks["stating"][0]
+        state = rng.getstate()
+        ids, labels, _ = tasks.example(query, block, rng)
+        rng.setstate(state)
+        mapping = {key: tokenizer.decode(spelled) for key, spelled in tasks.renaming(
+            query.segments + tasks.block_segments[block], rng).items()}  # fmt: skip
+        rename = lambda text, mapping=mapping: tasks.pattern.sub(lambda m: mapping[m.group()], text)  # noqa: E731
+        start, end = query.span
+        before, span, after = (rename(part) for part in (query.sentence[:start], query.sentence[start:end],
+                                                         query.sentence[end:]))  # fmt: skip
+        encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        masked = encode(span)
+        query_ids = encode(before) + [tokenizer.mask_token_id] * len(masked) + encode(after)
+        expected = [tokenizer.cls_token_id, *query_ids, tokenizer.sep_token_id]
+        expected += encode(rename(tasks.texts[block])) + [tokenizer.sep_token_id]
+        assert ids == expected  # exact: token ids
+        assert [label for label in labels if label != -100] == masked  # exact: token ids
+
+
+def test_renamed_answers_are_copyable_from_a_stating_block_and_differ_every_time(tasks):
+    query = next(q for q in tasks.queries if q.blocks["stating"])
+    answers = set()
+    for seed in range(20):
+        ids, labels, types = tasks.example(query, query.blocks["stating"][0], random.Random(seed))
         masked = [i for i, label in enumerate(labels) if label != -100]
-        assert masked and all(ids[i] == mask for i in masked) and all(types[i] == 0 for i in masked)
-        context = [token for token, segment in zip(ids, types) if segment == 1]
-        assert all(labels[i] in context for i in masked)  # copyable: the answer is stated in the context
+        assert all(ids[i] == tasks.tokenizer.mask_token_id and types[i] == 0 for i in masked)
+        body = [token for token, segment in zip(ids, types) if segment == 1]
+        target = [labels[i] for i in masked]
+        assert any(body[i : i + len(target)] == target for i in range(len(body)))  # stated in the block
+        answers.add(tuple(target))
+    assert len(answers) > 10
 
 
-def test_names_are_renamed_differently_in_every_example(pairs):
-    pair = pairs.train[0]
-    answers = {
-        tuple(label for label in pairs.example(pair, random.Random(seed))[1] if label != -100) for seed in range(20)
-    }
-    assert len(answers) > 10  # the same fact's answer is a different name almost every time
+def test_renaming_draws_names_from_one_pool_and_keeps_ordinary_words(tasks):
+    assert not {word.lower() for word in tasks.pools["name"]} & NAME_WORDS
+    pool = tasks.pools["name"]
+    kinds_in_pool = {e["kind"] for e in tasks.world.entities if any(w in pool for w in e["name"].split())}
+    assert kinds_in_pool == {"person", "organization", "city", "river", "mountain", "region"}
+    assert tasks.pools["month"] == list(MONTHS) and all(re.fullmatch(r"[12]\d{3}", y) for y in tasks.pools["year"])
+    query = next(q for q in tasks.queries if "Guild" in tasks.texts[q.block_id])
+    renamed = tasks.tokenizer.decode(tasks.example(query, query.block_id, random.Random(1))[0])
+    assert "guild" in renamed  # "Guild" is kept; the name before it is not
 
 
-def test_ordinary_words_inside_names_are_not_renamed(pairs):
-    kept = set(pairs.tokenizer.convert_tokens_to_ids(list(reading_warmup.NAME_WORDS)))
-    assert kept.isdisjoint(pairs.name_ids) and pairs.name_ids
-
-
-def test_up_to_three_quarters_of_the_pairs_are_held_out(world, pairs):
-    total = sum(len(f["mentions"]) * (len(f["mentions"]) - 1) for f in world.facts)
-    assert len(pairs.test) == min(reading_warmup.HELD_OUT_PAIRS, total * 3 // 4)
-    assert len(pairs.test) + len(pairs.train) == total
-
-
-def test_irrelevant_fraction_outside_zero_to_one_is_refused(world, pairs):
-    with pytest.raises(ValueError, match="irrelevant must be a fraction"):
-        FactPairs(world, pairs.tokenizer, irrelevant=1.5)
-
-
-def test_collate_pads_inputs_and_ignores_padding_in_the_loss(pairs):
+def test_collate_pads_inputs_and_ignores_padding_in_the_loss(tasks):
     rng = random.Random(0)
-    batch = collate([pairs.example(pair, rng) for pair in pairs.train[:4]])
+    batch = collate([tasks.example(q, None, rng) for q in tasks.queries[:4]] + [tasks.example(tasks.queries[5], 0)])
     lengths = batch["attention_mask"].sum(1)
-    assert batch["input_ids"].shape == batch["labels"].shape == (4, int(lengths.max()))
+    assert batch["input_ids"].shape == batch["labels"].shape == (5, int(lengths.max()))
     for row, length in enumerate(lengths.tolist()):
         assert (batch["labels"][row, length:] == -100).all() and (batch["input_ids"][row, length:] == 0).all()
 
 
-def test_warm_up_lowers_the_masked_name_loss_on_held_out_pairs(pairs):
-    encoder = load_encoder("random", pairs.tokenizer, parse_config_overrides(ENCODER), seed=0)
-    batch = collate([pairs.example(pair, random.Random(3)) for pair in pairs.test[:64]])
+# -- the curriculum ---------------------------------------------------------------------------------------------------
 
-    def loss() -> float:
-        with torch.no_grad():
-            logits = mlm_logits(encoder, batch)
-        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten()).item()
 
-    before = loss()
-    history = reading_warmup.warm_up_reader(encoder, pairs, steps=100, learning_rate=3e-3, eval_every=100)
-    assert [entry["step"] for entry in history] == [0, 100]
-    assert loss() < before - 0.3  # 6.38 -> 5.74 after these 100 steps: 0.3 is about half the drop
+def test_curriculum_goes_from_stating_sentences_to_stating_blocks_to_the_mixture():
+    curriculum, rng, steps = Curriculum(0.2, 0.3, 0.2, {"mentioning": 1.0}), random.Random(0), 1000
+    kinds = [curriculum.kind(step, steps, rng) for step in range(steps)]
+    assert set(kinds[:200]) == {"sentence"} and set(kinds[200:500]) == {"stating"}
+    ramp = kinds[500:700]
+    assert ramp[:50].count("mentioning") < ramp[150:].count("mentioning")  # the mixture ramps in
+    assert set(kinds[700:]) == {"mentioning"}
+
+
+def test_curriculum_mixture_draws_kinds_in_their_shares():
+    curriculum, rng = Curriculum(0.0, 0.0, 0.0, {"stating": 3.0, "null": 1.0}), random.Random(0)
+    kinds = [curriculum.kind(0, 10, rng) for _ in range(4000)]
+    assert abs(kinds.count("null") / 4000 - 0.25) < 0.03
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ((0.7, 0.4), "summing to at most 1"),
+        ((-0.1, 0.2), "summing to at most 1"),
+        ((0.1, 0.1, 0.1, {"stated": 1.0}), "mixture takes"),
+        ((0.1, 0.1, 0.1, {"null": 0.0}), "mixture takes"),
+    ],
+)
+def test_curriculum_refuses_impossible_shares(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        Curriculum(*arguments)
+
+
+def test_training_examples_of_each_kind_hold_the_answer_only_where_that_kind_does(tasks):
+    rng, pools = random.Random(0), query_pools(tasks)
+    for kind in ("sentence", *KINDS):
+        for _ in range(20):
+            ids, labels, types = training_example(tasks, kind, rng, pools)
+            target = [label for label in labels if label != -100]
+            body = [token for token, segment in zip(ids, types) if segment == 1][:-1]  # less the final [SEP]
+            held = any(body[i : i + len(target)] == target for i in range(len(body)))
+            if kind in ("sentence", "stating", "ambiguous", "mentioning"):
+                assert held, kind
+            elif kind == "null":
+                assert body == []
+            # "without": the renamed answer is a fresh name, absent from the block
+            if kind == "without":
+                assert not held
+
+
+# -- training and the probe -------------------------------------------------------------------------------------------
+
+
+def test_probe_reports_each_kind_and_the_stating_blocks_worth_over_none(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0)
+    probe = reading_probe(encoder, tasks)
+    assert set(probe["kinds"]) <= set(KINDS) and {"stating", "null"} <= set(probe["kinds"])
+    assert probe["copy_share"] == probe["kinds"]["stating"]["copy_share"]
+    stating, null = probe["kinds"]["stating"]["mean_log_prob"], probe["kinds"]["null"]["mean_log_prob"]
+    assert probe["utility"] == pytest.approx(stating - null, abs=1e-3)
+    assert probe["copy_share"] == 0.0 and abs(probe["utility"]) < 0.2  # a random encoder reads nothing
+
+
+def test_warm_up_makes_a_stating_block_worth_more_than_no_block(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(READER), seed=0)
+    curriculum = Curriculum(sentence_share=1.0, stating_share=0.0, ramp_share=0.0)  # the short-context phase alone
+    history = reading_warmup.warm_up_reader(encoder, tasks, steps=600, curriculum=curriculum, eval_every=600)
+    assert [entry["step"] for entry in history] == [0, 600]
+    # 2 layers, 64 wide, 600 steps on stating sentences: utility (on whole blocks) 0.0 -> 1.3-3.4 nats over seeds 0-3.
+    assert history[-1]["utility"] > history[0]["utility"] + 0.8, history
+
+
+def test_masked_log_prob_reads_the_masked_positions_only(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0).eval()
+    batch = collate([tasks.example(q, None) for q in tasks.queries[:3]])
+    with torch.no_grad():
+        values = masked_log_prob(encoder, batch)
+        full = encoder(batch["input_ids"], attention_mask=batch["attention_mask"],
+                       token_type_ids=batch["token_type_ids"]).logits.log_softmax(-1)  # fmt: skip
+    mask = batch["labels"] != -100
+    assert values.shape == (int(mask.sum()),)
+    assert torch.allclose(values, full[mask].gather(1, batch["labels"][mask][:, None]).squeeze(1), atol=1e-5)
 
 
 def test_command_saves_the_trained_encoder_with_its_history(world_folder, tmp_path):
@@ -118,3 +304,5 @@ def test_command_saves_the_trained_encoder_with_its_history(world_folder, tmp_pa
     )
     summary = json.loads((tmp_path / "reader" / "reading_warmup.json").read_text())
     assert summary["steps"] == 3 and [entry["step"] for entry in summary["history"]] == [0, 3]
+    assert summary["curriculum"] == {"sentence_share": 0.15, "stating_share": 0.3, "ramp_share": 0.3,
+                                     "mixture": Curriculum().mixture}  # fmt: skip

@@ -52,8 +52,10 @@ class Preset:
     # Figure 4 rise for seeds 0-2 where K = 8 did for seed 0 only, at 1.5-3x the cost (see RESULTS.md's
     # "A reader that can read" section)
     pretrain_num_candidates: int
+    # The encoder's: the paper's 3e-5 (faster, REALM's loss takes the warmed-up encoder's reading away); the
+    # retriever's 10x higher (at 1e-3 its scores collapse onto the null document). RESULTS.md, "A reader that reads"
     pretrain_learning_rate: float
-    pretrain_embedder_learning_rate: float  # lower than the encoder's: at 1e-3 the retriever's recall falls
+    pretrain_embedder_learning_rate: float
     refresh_every: int
     eval_every: int
     eval_queries: int
@@ -92,14 +94,14 @@ DEFAULT = Preset(
     vocab_size=1000,
     block_length=64,
     model=MODEL,
-    reading_warmup_steps=1200,
+    reading_warmup_steps=3600,
     ict_steps=100,
     ict_batch_size=32,
     ict_learning_rate=1e-3,
     pretrain_steps=400,
     pretrain_batch_size=16,
     pretrain_num_candidates=8,
-    pretrain_learning_rate=1e-3,
+    pretrain_learning_rate=3e-5,
     pretrain_embedder_learning_rate=3e-4,
     refresh_every=25,
     eval_every=50,
@@ -115,7 +117,7 @@ PRESETS = {
     "default": DEFAULT,
     # a quicker look (about 4 minutes): the same world, fewer steps; too few for the retriever to learn much
     "small": replace(
-        DEFAULT, reading_warmup_steps=600, pretrain_steps=150, refresh_every=25, eval_every=25, finetune_steps=150
+        DEFAULT, reading_warmup_steps=1800, pretrain_steps=150, refresh_every=25, eval_every=25, finetune_steps=150
     ),
 }
 
@@ -230,15 +232,25 @@ class Stages:
         return save_tower(model, self.path(f"initial-{tower}"), tokenizer)
 
     def reading_warmup(self, corpus: Path) -> Path:
-        """The encoder's "BERT stage": a random encoder learns to copy a masked name from another article's statement
-        of the same fact (names renamed in every example, so it reads rather than memorises), saved as
-        OUTPUT/reading-warmup; every run's encoder starts there, as REALM's and ORQA's start from BERT."""
+        """The encoder's "BERT stage": a random encoder learns to copy a masked span from a block stating it in REALM's
+        own input, and to share its probability where a block does not (names renamed in every example, so it reads
+        rather than memorises), saved as OUTPUT/reading-warmup; every run's encoder starts there, as REALM's and
+        ORQA's start from BERT. It runs alone, on every core."""
+        from openrealm.trainers.stage_utils import all_cpu_cores
         from openrealm.trainers.world.reading_warmup import warm_up_encoder
 
-        return warm_up_encoder(
-            self.path("world"), corpus, self.path("reading-warmup"), config_overrides=self.preset.model,
-            steps=self.preset.reading_warmup_steps, seed=self.seed,
-        )  # fmt: skip
+        with all_cpu_cores():
+            return warm_up_encoder(
+                self.path("world"), corpus, self.path("reading-warmup"), config_overrides=self.preset.model,
+                steps=self.preset.reading_warmup_steps, seed=self.seed,
+            )  # fmt: skip
+
+    def reader(self, corpus: Path, encoders: dict[str, Path]) -> dict[str, dict]:
+        """How well each encoder reads on the world as it is (trainers/world/reading_tasks.py's probe): {name:
+        reading_probe}, e.g. the warm-up's encoder ("start") and REALM pre-training's ("end")."""
+        from openrealm.trainers.world.reading_tasks import probe_encoders
+
+        return probe_encoders(self.path("world"), corpus, encoders)
 
     def pretrain(
         self,
@@ -493,6 +505,10 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
     pretraining_runs[BOUND] = ("retriever_bound", (corpus, embedder), {})
     pretrained = stages.run_parallel(PRETRAINING_STAGE, pretraining_runs)
     history = pretrained["pretrain"]["history"]
+    reader = stages.run(
+        "how well the encoder reads, before and after REALM pre-training",
+        stages.reader, corpus, {"start": encoder, "end": stages.path("pretrain") / "encoder"},
+    )  # fmt: skip
     towers = {
         ablation.name: (embedder, encoder)
         if ablation.pretraining is None
@@ -531,6 +547,7 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
             "recall_at_5": [100.0 * entry["eval_recall@5"] for entry in history],
         },
         "ablations": ablations,
+        "reader": reader,
         "world": {
             "ict_start_recall_at_5": zero_shot["no_realm_pretraining"],
             "bm25_recall_at_5": runs["realm-reader-bm25"]["recall@5"],
@@ -552,6 +569,7 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
         ablations,
         results["world"],
         results["claims"],
+        reader,
     )
     print(f"\nquickstart: done in {sum(stages.timings.values()):.0f} s. Report: {report}; model: {realm}")
     return results

@@ -182,12 +182,15 @@ def write_report(
     ablations: list[dict],
     world: dict[str, float],
     claims: dict[str, dict],
+    reader: dict[str, dict],
 ) -> Path:
     """OUTPUT/report.md: what ran, the Figure 4 curve, Table 2's ablations beside the paper's, the paper's orderings
     checked on this run, the world's structure numbers, the open-QA comparison and a few answers. timings: stage name
     -> seconds; history: the REALM run's evaluations; runs: open-QA results by run name; demo: the pipeline's answers;
     ablations: Table 2's rows (in ABLATIONS' order); world: results.json's "world" (zero-shot recall@5 of the ICT
-    start, BM25 and the perfect-reader bound); claims: results.json's "claims" (table2_claims)."""
+    start, BM25 and the perfect-reader bound); claims: results.json's "claims" (table2_claims); reader: results.json's
+    "reader" ({"start", "end"}: trainers/world/reading_tasks.py's `reading_probe` of the warmed-up and the pre-trained
+    encoder)."""
     first, last = history[0], history[-1]
     scores = {row["name"]: row for row in ablations}
     realm_recall = scores["realm"]["zero_shot_recall_at_5"]
@@ -213,6 +216,12 @@ def write_report(
         f"| {LABELS[name]} | {r['exact_match']:.1f} | {r['recall@1']:.1f} | {r['recall@5']:.1f} "
         f"| {r['recall@10']:.1f} | {r['reader_oracle']:.1f} |"
         for name, r in runs.items()
+    ]
+    start, end = reader["start"]["kinds"], reader["end"]["kinds"]
+    reader_rows = [
+        f"| {name} | {start[name]['mean_log_prob']:.2f} | {end[name]['mean_log_prob']:.2f} "
+        f"| {start[name]['copy_share']:.3f} | {end[name]['copy_share']:.3f} |"
+        for name in start
     ]
     answers = [
         f"- **{d['question']}** -> {d['answer']} (expected {', '.join(d['expected'])}; block {d['block_id']}, "
@@ -240,6 +249,11 @@ def write_report(
         bm25_recall=f"{world['bm25_recall_at_5']:.1f}",
         bound_recall=f"{world['perfect_reader_bound_recall_at_5']:.1f}",
         openqa_rows="\n".join(openqa_rows),
+        reader_rows="\n".join(reader_rows),
+        copy_start=f"{reader['start']['copy_share']:.3f}",
+        copy_end=f"{reader['end']['copy_share']:.3f}",
+        reader_utility_start=f"{reader['start']['utility']:.2f}",
+        reader_utility_end=f"{reader['end']['utility']:.2f}",
         answers="\n".join(answers),
     )
     path = output / "report.md"

@@ -144,7 +144,20 @@ def eval_mode(module: torch.nn.Module) -> Iterator[None]:
         module.train(was_training)
 
 
+@contextmanager
+def all_cpu_cores() -> Iterator[None]:
+    """Every core for torch within the block (a process may hold fewer, e.g. quickstart.share_cpu_cores's half), then
+    as before."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 __all__ = [
+    "all_cpu_cores",
     "eval_mode",
     "google_warmup_steps",
     "holding_output",
