@@ -3,10 +3,12 @@
     openrealm corpus build --input psgs_w100.tsv ...                     # DPR's passages: id, text, title (a TSV)
     openrealm corpus build --input 'wiki/*.parquet' ...                  # Parquet files (a glob)
     openrealm corpus build --input my_saved_dataset/ ...                 # a folder written by datasets' save_to_disk
+    openrealm corpus build --input my_notes/ ...                         # any other folder: its documents
     openrealm corpus build --input wikimedia/wikipedia --input-name 20231101.en --split train ...   # a Hub dataset
 
 Kinds of input (`input_kind`): a file ending in .parquet; .csv or .tsv (optionally .gz, .bz2, .xz); any other
-file is JSONL (read by tokenization.corpus.iter_jsonl, as always); a folder written by `save_to_disk`; a glob of
+file is JSONL (read by tokenization.corpus.iter_jsonl, as always); a folder written by `save_to_disk`; any other
+folder, read as documents (.txt, .md, .html, .pdf: tokenization/documents.py); a glob of
 files; anything else shaped like `name` or `owner/name` that is not a local path is a Hub dataset id. Parquet and CSV
 are read by `datasets.load_dataset("parquet" | "csv")` into an Arrow file of the build's scratch folder (removed when
 the build ends); a save_to_disk folder and a Hub dataset (in the Hugging Face cache) are memory-mapped where they
@@ -93,11 +95,14 @@ def is_hub_name(text: str, local_suffixes: Sequence[str] = ()) -> bool:
 
 
 def input_kind(source: str) -> str:
-    """What one --input names: "glob", "folder", "parquet", "csv", "tsv", "jsonl" (any other file) or "hub"."""
+    """What one --input names: "glob", "folder" (a save_to_disk folder), "documents" (any other folder: its .txt, .md,
+    .html and .pdf files, tokenization/documents.py), "parquet", "csv", "tsv", "jsonl" (any other file) or "hub"."""
+    from openrealm.tokenization.documents import is_document_folder
+
     if _GLOB_CHARACTERS & set(source) and not os.path.exists(source):
         return "glob"
     if os.path.isdir(source):
-        return "folder"
+        return "documents" if is_document_folder(source) else "folder"
     kind = table_suffix(source)
     if kind is not None or os.path.isfile(source):
         return kind or "jsonl"
@@ -321,6 +326,33 @@ def standard_columns(dataset, columns: dict[str, str], read_ids: bool):
     return dataset
 
 
+def _document_articles(path: str, read_ids: bool, cache_dir: str):
+    """A folder of documents -> Dataset with "title", "text" (and "passage_id": each file's relative path, when
+    read_ids), streamed into an Arrow file of cache_dir; prints the folder's summary line (documents read, files left
+    out and why)."""
+    import sys
+
+    from datasets import Dataset, Features, Value
+
+    from openrealm.tokenization.documents import DocumentFolder
+
+    folder = DocumentFolder(Path(path))
+    features = {"title": Value("string"), "text": Value("string")} | (
+        {PASSAGE_ID: Value("string")} if read_ids else {}
+    )
+
+    def rows():
+        for article in folder:
+            yield {"title": article["title"], "text": article["text"]} | (
+                {PASSAGE_ID: article["path"]} if read_ids else {}
+            )
+
+    dataset = Dataset.from_generator(rows, features=Features(features), cache_dir=cache_dir)
+    folder.check_read()
+    print(folder.summary(), file=sys.stderr)
+    return dataset
+
+
 def load_table_articles(
     sources: Sequence[str],
     cache_dir: str,
@@ -343,6 +375,9 @@ def load_table_articles(
     for kind, path in expand_inputs(sources):
         if kind == "jsonl":
             parts.append(jsonl_loader(path))
+            continue
+        if kind == "documents":
+            parts.append(_document_articles(path, read_ids, cache_dir))
             continue
         if kind == "folder":
             dataset, where = _load_folder(path, options.split), path
