@@ -149,7 +149,9 @@ def torch_exact_search(
     num_fetch = min(k * HALF_PRECISION_RERANK, num_blocks - num_excluded) if half else k
     chunk_size = chunk_size or default_chunk_size(block_emb.device, query_emb.shape[0])
     q = query_emb.detach().to(block_emb.device, block_emb.dtype)
-    if tiled if tiled is not None else block_emb.device.type != "cpu":
+    if tiled is None:
+        tiled = block_emb.device.type != "cpu"
+    if tiled:
         with torch.no_grad():
             best_scores, best_ids = tiled_top_k_candidates(block_emb, q, num_fetch, chunk_size, excluded)
             if half:

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
-TEXT_SUFFIXES = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html"}
-DOCUMENT_SUFFIXES = {**TEXT_SUFFIXES, ".pdf": "pdf"}
+DOCUMENT_SUFFIXES = {
+    ".txt": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html", ".pdf": "pdf"
+}  # fmt: skip
 NAMED_IN_SUMMARY = 3  # paths named per reason in the summary line
 _SNIFF_BYTES = 8192  # a NUL byte in the first 8 KiB marks a binary file
 
@@ -33,8 +34,9 @@ _SNIFF_BYTES = 8192  # a NUL byte in the first 8 KiB marks a binary file
 @dataclass
 class DocumentFolder:
     """The documents of one folder, read one at a time: iterating yields {"title", "text", "path"} in path order
-    (`path` relative to `root`, with "/"), and counts what it yields in `num_read` and what it leaves out in `skipped`
-    {reason: [relative paths]} (files of other types as "not a document type"). Memory stays that of one document."""
+        (`path` relative to `root`, with "/"), and counts what it yields in `num_read` and what it leaves out in `skipped`
+        {reason: [relative paths]} (files of other types as "not a document type"). It holds one document at a time (and
+    the list of the folder's paths)."""
 
     root: Path
     num_read: int = 0

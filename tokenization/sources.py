@@ -337,17 +337,14 @@ def _document_articles(path: str, read_ids: bool, cache_dir: str):
     from openrealm.tokenization.documents import DocumentFolder
 
     folder = DocumentFolder(Path(path))
-    features = {"title": Value("string"), "text": Value("string")} | (
-        {PASSAGE_ID: Value("string")} if read_ids else {}
-    )
+    fields = {"title": "title", "text": "text"} | ({PASSAGE_ID: "path"} if read_ids else {})  # column: its field
 
     def rows():
         for article in folder:
-            yield {"title": article["title"], "text": article["text"]} | (
-                {PASSAGE_ID: article["path"]} if read_ids else {}
-            )
+            yield {column: article[name] for column, name in fields.items()}
 
-    dataset = Dataset.from_generator(rows, features=Features(features), cache_dir=cache_dir)
+    features = Features({column: Value("string") for column in fields})
+    dataset = Dataset.from_generator(rows, features=features, cache_dir=cache_dir)
     folder.check_read()
     print(folder.summary(), file=sys.stderr)
     return dataset

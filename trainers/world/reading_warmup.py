@@ -133,7 +133,6 @@ def warm_up_reader(
                 f"stating block (mean log p {result['stated_log_prob']:.2f}), utility {result['utility']:.2f} nats",
                 flush=True,
             )
-            encoder.train()
         if step == steps:
             break
         batch = collate(
