@@ -34,9 +34,9 @@ _SNIFF_BYTES = 8192  # a NUL byte in the first 8 KiB marks a binary file
 @dataclass
 class DocumentFolder:
     """The documents of one folder, read one at a time: iterating yields {"title", "text", "path"} in path order
-        (`path` relative to `root`, with "/"), and counts what it yields in `num_read` and what it leaves out in `skipped`
-        {reason: [relative paths]} (files of other types as "not a document type"). It holds one document at a time (and
-    the list of the folder's paths)."""
+    (`path` relative to `root`, with "/"), counts what it yields in `num_read` and what it leaves out in `skipped`
+    {reason: [relative paths]} (files of other types as "not a document type"). It holds one document at a time,
+    and the list of the folder's paths."""
 
     root: Path
     num_read: int = 0
