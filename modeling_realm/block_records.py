@@ -9,7 +9,9 @@ Block i's text is text_bytes[text_offsets[i]:text_offsets[i + 1]]. The int64 ten
 8-byte aligned in the file. Reading memory-maps the file; nothing is loaded whole. A corpus of passages kept as
 blocks (`openrealm corpus build --passages-as-blocks`, docs/corpus.md) also stores each block's passage id, e.g. DPR's
 psgs_w100.tsv id: passage_id_offsets int64 [N+1] after text_offsets and passage_id_bytes uint8 [T3] last (an empty
-id: the block has none). A file without them is what every earlier version wrote.
+id: the block has none). A file without them is what every earlier version wrote. A corpus built from a folder of
+documents stores each block's document path (relative to the folder) the same way, marked by the metadata entry
+"passage_ids": "paths".
 
 The legacy `block_records.npy` of transformers 4.x is a pickled numpy object array of bytes. It is read here by
 interpreting the pickle opcodes with a whitelist; nothing named by the file is ever imported or called.
@@ -61,6 +63,7 @@ class BlockRecords:
         self._title_bytes = data[slice(*spans["title_bytes"])]
         self._text_bytes = data[slice(*spans["text_bytes"])]
         self.has_passage_ids = "passage_id_bytes" in spans
+        self.ids_are_paths = False  # passage ids that are documents' paths (metadata "passage_ids": "paths")
         if self.has_passage_ids:
             self._passage_id_offsets = data[slice(*spans["passage_id_offsets"])].view("<i8")
             self._passage_id_bytes = data[slice(*spans["passage_id_bytes"])]
@@ -87,6 +90,7 @@ class BlockRecords:
                 raise ValueError(f"{path} is not a block records file: header is not JSON ({e})") from None
         spans = _validate_header(path, header, data_start=8 + header_len, data_size=size - 8 - header_len)
         records = cls(path, np.memmap(path, dtype=np.uint8, mode="r"), spans)
+        records.ids_are_paths = records.has_passage_ids and header["__metadata__"].get("passage_ids") == "paths"
         records._validate_offsets("title")
         records._validate_offsets("text")
         if records.has_passage_ids:
@@ -189,11 +193,12 @@ class BlockRecords:
         records: Iterable[tuple] | Iterable[dict],
         num_blocks_hint: int | None = None,
         passage_ids: bool = False,
+        ids_are_paths: bool = False,
     ) -> BlockRecords:
         """Stream (title, text) pairs, or dicts with "title" and "text", atomically into `path`; return it opened.
 
         passage_ids: also store each block's passage id: records are then (title, text, passage_id) triples or dicts
-        with a "passage_id" (None or "" for a block without one).
+        with a "passage_id" (None or "" for a block without one); ids_are_paths: those ids are documents' paths.
         If `num_blocks_hint` is given, a different number of records is an error (so a truncated source is caught).
         """
         path = os.fspath(path)
@@ -205,7 +210,7 @@ class BlockRecords:
             num_blocks, lengths = _write_scratch(path, records, scratch)
             if num_blocks_hint is not None and num_blocks != num_blocks_hint:
                 raise ValueError(f"expected {num_blocks_hint} blocks for {path} but the records held {num_blocks}")
-            header = _header(num_blocks, lengths)
+            header = _header(num_blocks, lengths, ids_are_paths=passage_ids and ids_are_paths)
             with atomic_file(path) as out:
                 out.write(header)
                 for name, _, _ in layout:
@@ -309,7 +314,9 @@ def _validate_header(path: str, header: Any, data_start: int, data_size: int) ->
     return {name: (data_start + start, data_start + stop) for start, stop, name in ranges}
 
 
-def _header(num_blocks: int, byte_lengths: dict[str, int], size: int | None = None) -> bytes:
+def _header(
+    num_blocks: int, byte_lengths: dict[str, int], size: int | None = None, ids_are_paths: bool = False
+) -> bytes:
     """Serialized safetensors header (8-byte length + JSON padded with spaces to a multiple of 8, or to `size` bytes
     in all: a header reserved before the lengths were known is overwritten in place by one of the same size).
     byte_lengths: bytes of each *_bytes tensor ("passage_id_bytes" present: the layout with passage ids)."""
@@ -318,6 +325,8 @@ def _header(num_blocks: int, byte_lengths: dict[str, int], size: int | None = No
     header: dict[str, Any] = {
         "__metadata__": {"format": FORMAT, "format_version": FORMAT_VERSION, "num_blocks": str(num_blocks)}
     }
+    if ids_are_paths:
+        header["__metadata__"]["passage_ids"] = "paths"
     start = 0
     for name, dtype, itemsize in layout:
         stop = start + counts[name] * itemsize

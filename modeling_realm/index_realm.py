@@ -14,6 +14,7 @@ The module is long because it is the whole index: exact and faiss search, shardi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -47,6 +48,10 @@ FORMAT_VERSION = 1
 _GPU_MAX_K = 2048  # faiss GPU indexes return at most 2048 neighbours per query
 # Candidates per wanted result that exact search over float16 / bfloat16 embeddings re-scores in float32.
 HALF_PRECISION_RERANK = 4
+# An index root of versions (`openrealm index build`'s default layout): ROOT/vNNNNNN/{build_info.json, block_index/}.
+VERSION_PATTERN = re.compile(r"^v(\d{6,})$")
+INDEX_SUBDIR = "block_index"
+BUILD_INFO_NAME = "build_info.json"
 # Rows per tile in tiled exact search (tiled_top_k_candidates): the scan keeps each tile's best score.
 TILE_ROWS = 256
 
@@ -256,6 +261,66 @@ def rescore_float32(
     scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
     order = scores.argsort(dim=1, descending=True, stable=True)[:, :k]
     return scores.gather(1, order), ids.gather(1, order)
+
+
+def version_dir_name(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def version_names(root: Path) -> dict[int, Path]:
+    """{version: folder} of every entry under root named like a version (vNNNNNN), index or not."""
+    if not root.is_dir():
+        return {}
+    return {int(m.group(1)): p for p in root.iterdir() if (m := VERSION_PATTERN.match(p.name))}
+
+
+def is_index_version(folder: str | os.PathLike) -> bool:
+    """Whether folder is a complete index version as _write_version commits it: build_info.json and
+    block_index/index_config.json (a user's folder that merely has a version-like name is not one)."""
+    folder = Path(folder)
+    return (folder / BUILD_INFO_NAME).is_file() and (folder / INDEX_SUBDIR / "index_config.json").is_file()
+
+
+def list_versions(root: str | os.PathLike) -> list[int]:
+    """Complete versions under an index root, ascending (builds in progress are hidden temp folders; other folders
+    with a version-like name are not versions: they are never loaded nor pruned)."""
+    return sorted(v for v, folder in version_names(Path(root)).items() if is_index_version(folder))
+
+
+def latest_index_dir(root: str | os.PathLike) -> Path:
+    """The block_index/ folder of the newest complete version under root (load with
+    RealmBlockIndex.from_pretrained)."""
+    versions = list_versions(root)
+    if not versions:
+        raise FileNotFoundError(f"{root} holds no index version (expected {root}/v000000/{INDEX_SUBDIR}, ...)")
+    return Path(root) / version_dir_name(versions[-1]) / INDEX_SUBDIR
+
+
+def index_folder(path: str | os.PathLike) -> Path:
+    """The index folder a path names: an index folder (index_config.json) as it is; an index root of versions
+    (`openrealm index build`'s default layout) as its newest complete version's block_index/."""
+    path = Path(path)
+    if (path / INDEX_CONFIG_NAME).is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"index not found: {path} does not exist")
+    if list_versions(path):
+        return latest_index_dir(path)
+    raise FileNotFoundError(
+        f"{path} is not an index: it holds neither {INDEX_CONFIG_NAME} nor index versions ({path}/v000000/"
+        f"{INDEX_SUBDIR}, ...); build one with `openrealm index build`"
+    )
+
+
+def weights_fingerprint(module: torch.nn.Module) -> str:
+    """sha256 of a module's parameters (names, shapes, values rounded to bfloat16): the identity of the tower that made
+    an index, the same whether its weights were loaded in float32 or bfloat16, from any checkpoint layout."""
+    digest = hashlib.sha256()
+    for name, parameter in sorted(module.named_parameters(remove_duplicate=False)):
+        values = parameter.detach().to("cpu", torch.bfloat16).contiguous()
+        digest.update(f"{name}:{tuple(values.shape)}\n".encode())
+        digest.update(values.view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()
 
 
 class RealmBlockIndex:
@@ -601,6 +666,8 @@ class RealmBlockIndex:
         """Write index_config.json, block_emb.safetensors (+ faiss.index) into `directory`, an existing folder being
         staged (save_pretrained's, or that of a retriever or an index version that holds the index), and fsync them."""
         directory = Path(directory)
+        if isinstance(self.embedder, torch.nn.Module) and "embedder_fingerprint" not in self.metadata:
+            self.metadata["embedder_fingerprint"] = weights_fingerprint(self.embedder)  # which tower made block_emb
         config = _index_config(
             self.index_type, self.version, self.num_blocks, self.dim, self.params, self.metadata, self.removed_ids
         )
@@ -1274,6 +1341,16 @@ def _read_faiss(path: Path, index_type: str, shape: torch.Size, params: dict):
 
 __all__ = [
     "BLOCK_EMB_NAME",
+    "BUILD_INFO_NAME",
+    "INDEX_SUBDIR",
+    "VERSION_PATTERN",
+    "index_folder",
+    "is_index_version",
+    "latest_index_dir",
+    "list_versions",
+    "version_dir_name",
+    "version_names",
+    "weights_fingerprint",
     "FAISS_INDEX_NAME",
     "HALF_PRECISION_RERANK",
     "INDEX_CONFIG_NAME",

@@ -14,6 +14,7 @@ The module is long because, as in a transformers model file, every REALM model c
 import contextlib
 import contextvars
 import glob
+import json
 import logging as stdlib_logging
 import os
 import pickle
@@ -38,8 +39,17 @@ from transformers.utils import ModelOutput, logging
 
 from .configuration_realm import RealmConfig
 from .file_utils import atomic_directory
-from .index_realm import RealmBlockIndex
-from .retrieval_realm import RealmRetriever, load_legacy_block_emb, normalize_answer_ids, refused_pickle_error
+from .index_realm import INDEX_CONFIG_NAME, RealmBlockIndex, weights_fingerprint
+from .retrieval_realm import (
+    BLOCK_INDEX_DIR,
+    BLOCK_RECORDS_NAME,
+    LEGACY_BLOCK_RECORDS_NAME,
+    RealmRetriever,
+    load_legacy_block_emb,
+    normalize_answer_ids,
+    refused_pickle_error,
+    resolve_folder,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -254,6 +264,110 @@ def check_tokenizer_fits(tokenizer, vocab_size: int, source) -> None:
         raise ValueError(
             f"{source}: the tokenizer has {len(tokenizer)} tokens but config.json's vocab_size is {vocab_size}, so "
             f"ids from {vocab_size} on have no embedding: use the tokenizer the model was trained with"
+        )
+
+
+def same_vocabulary(tokenizer, other) -> bool:
+    """Whether two tokenizers map text to the same ids: the same vocabulary (added tokens included) and casing."""
+    return tokenizer.get_vocab() == other.get_vocab() and getattr(tokenizer, "do_lower_case", None) == getattr(
+        other, "do_lower_case", None
+    )
+
+
+def document_tower_fingerprint(source, **hub_kwargs) -> str | None:
+    """The weights_fingerprint of the document tower an open-QA folder (or Hub repo) records in its own index
+    (block_index/index_config.json), else None."""
+    path = os.fspath(source)
+    name = f"{BLOCK_INDEX_DIR}/{INDEX_CONFIG_NAME}"
+    if os.path.isdir(path):
+        config_path = os.path.join(path, name)
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            config_path = hf_hub_download(path, name, **hub_kwargs)
+        except Exception:  # noqa: BLE001 - a repo without its own index, no network: nothing recorded
+            return None
+    if not os.path.isfile(config_path):
+        return None
+    with open(config_path, encoding="utf-8") as f:
+        return (json.load(f).get("metadata") or {}).get("embedder_fingerprint")
+
+
+def model_tokenizer(source, **hub_kwargs):
+    """The tokenizer saved with a model (folder or Hub repo), or None when it has none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, **hub_kwargs)
+    except (OSError, ValueError):
+        return None
+
+
+def corpus_retriever(model_source, corpus, index=None, **hub_kwargs) -> RealmRetriever:
+    """The retriever of a user's corpus folder (or Hub repo) and its index (default CORPUS/block_index) for the model
+    `model_source`; refused (naming the command that fixes it) when the folder is no corpus, when it was tokenized
+    with another vocabulary than the model's, or when it has no index."""
+    model_source, name = os.fspath(model_source), os.fspath(corpus)
+    folder = resolve_folder(corpus, **hub_kwargs)
+    build = f"openrealm corpus build --input YOUR_DOCUMENTS --tokenizer {model_source} --output CORPUS"
+    if not any(os.path.isfile(os.path.join(folder, file)) for file in (BLOCK_RECORDS_NAME, LEGACY_BLOCK_RECORDS_NAME)):
+        raise FileNotFoundError(f"{name} is not a corpus (no {BLOCK_RECORDS_NAME}): build one with: {build}")
+    if index is None and not os.path.isdir(os.path.join(folder, BLOCK_INDEX_DIR)):
+        records_only = RealmRetriever.from_pretrained(folder)
+        tokenizer = model_tokenizer(model_source, **hub_kwargs)
+        if tokenizer is not None and not same_vocabulary(records_only.tokenizer, tokenizer):
+            raise ValueError(vocabulary_mismatch(records_only.tokenizer, tokenizer, model_source))
+        raise FileNotFoundError(
+            f"The corpus {name} has no index ({BLOCK_INDEX_DIR}/): build one with the model: openrealm index build "
+            f"--embedder {model_source} --corpus {name} --output {os.path.join(name, BLOCK_INDEX_DIR)}"
+        )
+    return RealmRetriever.from_pretrained(folder, index=index, require_index=True)
+
+
+def vocabulary_mismatch(corpus_tokenizer, tokenizer, source) -> str:
+    return (
+        f"The corpus was tokenized with another vocabulary ({len(corpus_tokenizer)} wordpieces) than the model "
+        f"{source} ({len(tokenizer)}): build the corpus with the model's tokenizer (openrealm corpus build "
+        f"--tokenizer {source})"
+    )
+
+
+def check_retriever_fits(model, retriever: RealmRetriever, source, tokenizer=None, **hub_kwargs) -> None:
+    """Refuse, with a ValueError naming what differs, a retriever (a user's corpus and index) that the open-QA model
+    `model`, loaded from `source`, cannot answer from:
+    - a corpus tokenized with another vocabulary than the model's `tokenizer` (its reader would read other words);
+    - an index whose embeddings are not of the model's dimension (config.retriever_proj_size);
+    - an index made by another tower than the model's: the index records the weights_fingerprint of the tower that
+      embedded its blocks, which must be the model's question tower or the document tower of its own index.
+    An index that records no tower (made in Python, or a 4.x checkpoint's) is served with a warning."""
+    if tokenizer is not None and not same_vocabulary(retriever.tokenizer, tokenizer):
+        raise ValueError(vocabulary_mismatch(retriever.tokenizer, tokenizer, source))
+    check_tokenizer_fits(retriever.tokenizer, model.config.vocab_size, source)
+    if not retriever.has_index:
+        return
+    index = retriever.index
+    if index.dim != model.config.retriever_proj_size:
+        raise ValueError(
+            f"The index holds {index.dim}-d block embeddings but the model {source} embeds questions in "
+            f"{model.config.retriever_proj_size} dimensions: build the index with the model (openrealm index build "
+            f"--embedder {source})"
+        )
+    recorded = index.metadata.get("embedder_fingerprint")
+    if recorded is None and index.embedder is not None:
+        recorded = weights_fingerprint(index.load_embedder())
+    if recorded is None:
+        logger.warning(
+            f"The index records no tower that embedded its blocks: it cannot be checked against the model {source}."
+        )
+        return
+    towers = {weights_fingerprint(model.embedder), document_tower_fingerprint(source, **hub_kwargs)}
+    if recorded not in towers:
+        made_by = index.metadata.get("embedder") or "another model"
+        raise ValueError(
+            f"The index was built by {made_by}, not by the model {source} (its embedder's weights differ): its "
+            f"embeddings are not comparable with the model's questions; build the index with the model (openrealm "
+            f"index build --embedder {source})"
         )
 
 
@@ -972,26 +1086,44 @@ class RealmForOpenQA(RealmPreTrainedModel):
 
     @classmethod
     def from_pretrained(
-        cls, pretrained_model_name_or_path, *model_args, retriever: RealmRetriever | None = None, **kwargs
+        cls,
+        pretrained_model_name_or_path,
+        *model_args,
+        retriever: RealmRetriever | None = None,
+        corpus: str | os.PathLike | None = None,
+        index: RealmBlockIndex | str | os.PathLike | None = None,
+        **kwargs,
     ):
         """Load the model; attach `retriever`, or else the retriever found in the same folder or Hub repo.
+
+        corpus (and index): answer from a corpus folder of the user's instead of the model's own, as
+        retriever=RealmRetriever.from_pretrained(corpus, index=index) does (the model's own corpus is not loaded). A
+        given retriever that the model cannot answer from is refused (`check_retriever_fits`).
 
         A given retriever of block records alone (e.g. a folder of 4.x's `RealmRetriever.save_pretrained`) gets the
         `block_emb` weight of a local 4.x checkpoint folder as its exact index, as 4.x loaded it into the model.
         """
+        if corpus is not None and retriever is not None:
+            raise ValueError("give a retriever or a corpus (with its index), not both")
+        if index is not None and corpus is None:
+            raise ValueError("index= names the index of a corpus: give the corpus too (corpus=...)")
+        if corpus is not None:  # before the model: a corpus that cannot serve it costs no model download
+            retriever = corpus_retriever(pretrained_model_name_or_path, corpus, index)
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) with output_loading_info
         path = None if pretrained_model_name_or_path is None else os.fspath(pretrained_model_name_or_path)
+        hub_kwargs = {
+            key: kwargs[key]
+            for key in ("revision", "cache_dir", "token", "local_files_only", "force_download")
+            if key in kwargs
+        }
+        if retriever is not None and path is not None:  # a corpus and index of the user's: do they fit the model?
+            check_retriever_fits(model, retriever, path, tokenizer=model_tokenizer(path, **hub_kwargs), **hub_kwargs)
         if retriever is not None and not retriever.has_index and path is not None and os.path.isdir(path):
             block_emb = load_legacy_block_emb(path)
             if block_emb is not None:
                 retriever.swap_index(RealmBlockIndex(block_emb, index_type="exact"))
         if retriever is None and pretrained_model_name_or_path is not None:
-            hub_kwargs = {
-                key: kwargs[key]
-                for key in ("revision", "cache_dir", "token", "local_files_only", "force_download")
-                if key in kwargs
-            }
             retriever = RealmRetriever.from_pretrained(
                 pretrained_model_name_or_path,
                 missing_ok=True,

@@ -8,7 +8,17 @@
     qa("Who wrote it?", context="Hamlet is a tragedy by William Shakespeare.")   -> reads only the given text
 
 A corpus built with `openrealm corpus build --passages-as-blocks` stores each block's passage id (e.g. DPR's): answers
-and blocks then also carry "passage_id", after "block_id".
+and blocks then also carry "passage_id", after "block_id"; one built from a folder of documents carries "path", the
+document's path in that folder.
+
+Your own corpus instead of the model's (`openrealm corpus build` with the model's tokenizer, then `openrealm index
+build --embedder MODEL`):
+
+    qa = pipeline("question-answering", model="path/or/repo", corpus="my_corpus")   # index: my_corpus/block_index
+    qa = pipeline("question-answering", model="path/or/repo", corpus="my_corpus", index="my_index")
+
+A corpus of another vocabulary than the model's, or an index that another model built, is refused when the pipeline is
+made (`check_retriever_fits`).
 
 `score` is the probability of the (block, span) pair under the reader's joint softmax over every span of every block
 read; answers are cut from the original text (original casing) through the tokenizer's offsets, and `text[start:end]`
@@ -21,7 +31,8 @@ import torch
 from transformers import Pipeline
 from transformers.utils import logging
 
-from .modeling_realm import check_tokenizer_fits, span_candidates
+from .modeling_realm import check_retriever_fits, check_tokenizer_fits, span_candidates
+from .retrieval_realm import RealmRetriever
 
 logger = logging.get_logger(__name__)
 
@@ -59,16 +70,18 @@ def question_text(number: int, question) -> str:
 
 def _with_passage_ids(items: list[dict], records, block_ids: list[int]) -> list[dict]:
     """items (one dict per block of block_ids) with "passage_id" added after "block_id" when the corpus stores passage
-    ids (`corpus build --passages-as-blocks`: e.g. DPR's psgs_w100.tsv ids; None for a block without one)."""
+    ids (`corpus build --passages-as-blocks`: e.g. DPR's psgs_w100.tsv ids; None for a block without one), or "path"
+    when they are documents' paths (a corpus built from a folder of documents)."""
     if not getattr(records, "has_passage_ids", False):
         return items
+    name = "path" if getattr(records, "ids_are_paths", False) else "passage_id"
     with_ids = []
     for item, passage_id in zip(items, records.passage_ids(block_ids)):
         entry = {}
         for key, value in item.items():
             entry[key] = value
             if key == "block_id":
-                entry["passage_id"] = passage_id
+                entry[name] = passage_id
         with_ids.append(entry)
     return with_ids
 
@@ -81,9 +94,18 @@ class RealmQuestionAnsweringPipeline(Pipeline):
     _load_feature_extractor = False
     _load_tokenizer = True
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, corpus=None, index=None, **kwargs):
+        """corpus: a corpus folder to answer from instead of the model's own (with its block_index/, or `index`: an
+        index folder or root built from it by the model)."""
         super().__init__(*args, **kwargs)
-        check_tokenizer_fits(self.tokenizer, self.model.config.vocab_size, self.model.name_or_path or "the model")
+        source = self.model.name_or_path or "the model"
+        check_tokenizer_fits(self.tokenizer, self.model.config.vocab_size, source)
+        if index is not None and corpus is None:
+            raise ValueError("index= names the index of a corpus: give the corpus too (corpus=...)")
+        if corpus is not None:
+            retriever = RealmRetriever.from_pretrained(corpus, index=index, require_index=True)
+            check_retriever_fits(self.model, retriever, source, tokenizer=self.tokenizer)
+            self.model.retriever = retriever
 
     def _sanitize_parameters(
         self,
@@ -322,4 +344,21 @@ class RealmQuestionAnsweringPipeline(Pipeline):
         return answers
 
 
-__all__ = ["RealmQuestionAnsweringPipeline"]
+def question_answerer(model: str, corpus=None, index=None, device=None, **kwargs) -> RealmQuestionAnsweringPipeline:
+    """`pipeline("question-answering")` of a RealmForOpenQA folder or Hub id, answering from its own corpus or from
+    `corpus` (a folder of the user's, with `index`, default CORPUS/block_index). With a corpus the model is loaded
+    without its own (`RealmForOpenQA.from_pretrained(model, corpus=..., index=...)`): a published model's corpus is
+    not downloaded. What `openrealm ask` and `openrealm demo` load. kwargs go to pipeline()."""
+    from transformers import pipeline
+
+    from .modeling_realm import RealmForOpenQA
+
+    if corpus is None:
+        if index is not None:
+            raise ValueError("index= names the index of a corpus: give the corpus too (corpus=...)")
+        return pipeline("question-answering", model=model, device=device, **kwargs)
+    loaded = RealmForOpenQA.from_pretrained(model, corpus=corpus, index=index)
+    return pipeline("question-answering", model=loaded, tokenizer=model, device=device, **kwargs)
+
+
+__all__ = ["RealmQuestionAnsweringPipeline", "question_answerer"]

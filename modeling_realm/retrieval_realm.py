@@ -33,7 +33,7 @@ from .block_records import (
     legacy_block_records_count,
 )
 from .file_utils import apply_umask_modes, atomic_directory, link_or_copy, missing_folders, remove_empty_folders
-from .index_realm import RealmBlockIndex
+from .index_realm import RealmBlockIndex, index_folder
 
 logger = logging.get_logger(__name__)
 
@@ -43,6 +43,9 @@ BLOCK_INDEX_DIR = "block_index"
 LEGACY_WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
 LEGACY_WEIGHT_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 TOKENIZER_PATTERNS = ["vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+# A corpus folder (`openrealm corpus build`): its config (version, build id) and the ids of its removed blocks.
+CORPUS_CONFIG_NAME = "corpus_config.json"
+CORPUS_REMOVED_IDS_NAME = "removed_ids.safetensors"
 
 
 def legacy_cache_dir() -> str:
@@ -163,6 +166,10 @@ class ExtendedBlockRecords(_DerivedRecordAccess):
     @property
     def has_passage_ids(self) -> bool:
         return self.base.has_passage_ids or any(i is not None for i in self.added_passage_ids)
+
+    @property
+    def ids_are_paths(self) -> bool:
+        return getattr(self.base, "ids_are_paths", False)
 
     def passage_ids(self, ids) -> list[str | None]:
         """Passage ids of `ids` (see BlockRecords.passage_ids): the base's, then the added blocks' (None: none)."""
@@ -688,7 +695,7 @@ class RealmRetriever:
         pretrained_model_name_or_path: str | os.PathLike,
         *,
         tokenizer=None,
-        index: RealmBlockIndex | None = None,
+        index: RealmBlockIndex | str | os.PathLike | None = None,
         missing_ok: bool = False,
         require_index: bool = False,
         trust_remote_code: bool | None = None,
@@ -701,19 +708,28 @@ class RealmRetriever:
         require_index, records without an index are an error. `trust_remote_code` is passed to
         AutoTokenizer: where openrealm is not installed, the folder's tokenizer is its custom code (auto_map).
 
+        index: a RealmBlockIndex, or the path of one built elsewhere (an index folder, or an index root of versions:
+        its newest), instead of the folder's own block_index/. An index built from a corpus folder records that
+        corpus's build and version: one built from another corpus, or older than a `corpus add` / `update` (fewer
+        rows), is refused; blocks removed from the corpus since (`corpus remove`) are never returned.
+
         A legacy block_records.npy is converted once into the cache (`legacy_cache_dir()`), and only after
         everything else has loaded and agreed with it, through a temporary folder renamed into place: a failed load
         leaves nothing behind.
         """
         folder = resolve_folder(pretrained_model_name_or_path, **hub_kwargs)
+        index_source, index_argument = None, index
+        if index is not None and not isinstance(index, RealmBlockIndex):
+            index_source = index_folder(index)
+            index = RealmBlockIndex.from_pretrained(index_source)
         stamp = _folder_stamp(folder)  # before reading: a version written meanwhile is picked up by the next reload
         new_records = os.path.join(folder, BLOCK_RECORDS_NAME)
         legacy_records = os.path.join(folder, LEGACY_BLOCK_RECORDS_NAME)
         if os.path.isfile(new_records):
             records = BlockRecords.open(new_records)
             index_dir = os.path.join(folder, BLOCK_INDEX_DIR)
-            if index is None and os.path.isdir(index_dir):
-                index = RealmBlockIndex.from_pretrained(index_dir)
+            if index is None and os.path.isdir(index_dir):  # an index folder, or a root of versions (the newest)
+                index = RealmBlockIndex.from_pretrained(index_folder(index_dir))
             elif index is None and require_index:
                 raise FileNotFoundError(
                     f"{folder} has block records but no {BLOCK_INDEX_DIR}/: embed the blocks and build an index "
@@ -748,6 +764,9 @@ class RealmRetriever:
             )
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        if index is not None and os.path.isfile(os.path.join(folder, CORPUS_CONFIG_NAME)):
+            given = os.fspath(index_argument) if index_source is not None else os.path.join(folder, BLOCK_INDEX_DIR)
+            index = fit_index_to_corpus(index, folder, given)
         if index is not None and index.num_blocks != len(records):
             raise ValueError(
                 f"The block embeddings in {folder} have {index.num_blocks} rows but the block records hold "
@@ -773,7 +792,11 @@ class RealmRetriever:
         if source is None:
             with_ids = self.block_records.has_passage_ids
             BlockRecords.write(
-                target, self.iter_records(with_ids), num_blocks_hint=len(self.block_records), passage_ids=with_ids
+                target,
+                self.iter_records(with_ids),
+                num_blocks_hint=len(self.block_records),
+                passage_ids=with_ids,
+                ids_are_paths=getattr(self.block_records, "ids_are_paths", False),
             )
         else:
             link_or_copy(source, target)
@@ -801,6 +824,43 @@ class RealmRetriever:
         with tempfile.TemporaryDirectory() as tmp:
             self.save_pretrained(tmp)
             return api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message, **kwargs)
+
+
+def fit_index_to_corpus(index: RealmBlockIndex, corpus: str, source: str | os.PathLike) -> RealmBlockIndex:
+    """The index, checked against the corpus folder it serves and with the corpus's removed blocks excluded.
+
+    An index that `openrealm index build` made records the corpus's build id and version (index metadata
+    corpus_build_id, corpus_version): one built from another corpus, or from an earlier version that held fewer
+    blocks (a `corpus add` or `update` since), is refused (ValueError naming both and the command that rebuilds it).
+    Blocks removed since (`corpus remove`) are served masked, as the corpus's own index serves them: never returned."""
+    with open(os.path.join(corpus, CORPUS_CONFIG_NAME), encoding="utf-8") as f:
+        config = json.load(f)
+    built_from, version = index.metadata.get("corpus_build_id"), index.metadata.get("corpus_version")
+    embedder = index.metadata.get("embedder", "MODEL")
+    rebuild = f"rebuild it: openrealm index build --embedder {embedder} --corpus {corpus} --output {source}"
+    if built_from is not None and config.get("build_id") is not None and built_from != config["build_id"]:
+        raise ValueError(
+            f"The index {source} was built from another corpus than {corpus} (corpus build {built_from[:12]}, not "
+            f"{config['build_id'][:12]}): {rebuild}"
+        )
+    if index.num_blocks != config.get("num_blocks", index.num_blocks):
+        built = f"version {version} of the corpus" if version is not None else "the corpus"
+        older = index.num_blocks < config["num_blocks"]
+        raise ValueError(
+            f"The index {source} {'is older than' if older else 'does not match'} the corpus {corpus}: it was built "
+            f"from {built} with {index.num_blocks} blocks, which is now version {config.get('version', 0)} with "
+            f"{config['num_blocks']} blocks{' (corpus add or update since)' if older else ''}: {rebuild}"
+        )
+    removed_path = os.path.join(corpus, CORPUS_REMOVED_IDS_NAME)
+    if os.path.isfile(removed_path):
+        from safetensors.numpy import load_file
+
+        removed = torch.from_numpy(load_file(removed_path)["removed_ids"].astype(np.int64))
+        if removed.numel() and not bool(torch.isin(removed, index.removed_ids).all()):
+            logger.info(f"{source}: blocks removed from {corpus} since the index was built are not served.")
+            index = index.remove(removed)
+            index.version -= 1  # the same index, masked: not a new version of it
+    return index
 
 
 def _folder_stamp(folder: str) -> tuple:

@@ -12,6 +12,7 @@ import pytest
 from helpers import TINY_WORLD
 from transformers import AutoTokenizer
 
+from openrealm import BlockRecords
 from openrealm.tokenization.corpus import load_corpus
 from openrealm.tokenization.documents import html_text, markdown_text, read_document_folder
 from openrealm.tokenization.sources import input_kind
@@ -179,6 +180,33 @@ def test_corpus_build_reads_a_folder_of_documents_and_keeps_each_files_path_as_i
     tokenizer = AutoTokenizer.from_pretrained(output)
     assert tokenizer.decode(blocks["title_ids"][0])  # tokenized with the given vocabulary
     assert json.loads((output / "corpus_config.json").read_text())["num_blocks"] == 4
+
+
+def test_every_block_of_a_document_keeps_its_path_and_the_records_say_the_ids_are_paths(tokenizer_dir, tmp_path):
+    notes = tmp_path / "notes"
+    (notes / "guide").mkdir(parents=True)
+    (notes / "guide" / "long.md").write_text(
+        "# Long\n\n" + " ".join(f"the mill grinds wheat {i} ." for i in range(80))
+    )
+    (notes / "short.txt").write_text("the harbour has a north pier .")
+    output = tmp_path / "corpus"
+    argv = ["corpus", "build", "--input", str(notes), "--tokenizer", str(tokenizer_dir), "--output", str(output)]
+    assert cli.main([*argv, "--max-block-length", "32", "-q"]) == 0
+    blocks = load_corpus(output)
+    paths = dict(zip(blocks["title"], blocks["passage_id"]))
+    assert list(blocks["title"]).count("Long") > 3 and paths == {"Long": "guide/long.md", "short": "short.txt"}
+    records = BlockRecords.open(output / "block_records.safetensors")
+    assert records.ids_are_paths and records.passage_ids([0]) == ["guide/long.md"]
+
+
+def test_a_corpus_of_jsonl_articles_keeps_no_ids(tokenizer_dir, tmp_path):
+    articles = tmp_path / "articles.jsonl"
+    articles.write_text(json.dumps({"title": "Mill", "text": "the mill grinds wheat ."}) + "\n")
+    output = tmp_path / "corpus"
+    argv = ["corpus", "build", "--input", str(articles), "--tokenizer", str(tokenizer_dir), "--output", str(output)]
+    assert cli.main([*argv, "-q"]) == 0
+    assert "passage_id" not in load_corpus(output).column_names
+    assert not BlockRecords.open(output / "block_records.safetensors").has_passage_ids
 
 
 def test_corpus_build_from_a_folder_without_documents_exits_2_and_writes_nothing(tokenizer_dir, tmp_path):

@@ -396,6 +396,7 @@ class BlockBuilder:
         language: str = "en",
         source_name: str = "<articles>",
         passages: bool = False,
+        keep_ids: bool | None = None,
     ):
         if max_block_length < 4:
             raise ValueError(
@@ -412,6 +413,8 @@ class BlockBuilder:
         self.language = language
         self.source_name = source_name
         self.passages = passages
+        # Each block keeps its article's id (passage_id): a passage's own id, or a document's path in its folder.
+        self.keep_ids = passages if keep_ids is None else keep_ids
         self._factory = span_annotator if span_annotator is not None and _is_factory(span_annotator) else None
         self._annotator = None if self._factory is not None else span_annotator
         self._backend = None  # the tokenizers.Tokenizer used by _tokenize (made on first use in each process)
@@ -432,8 +435,9 @@ class BlockBuilder:
     # -- the map function ----------------------------------------------------------------------------------------
 
     def __call__(self, titles: list, texts: list, *rest: list) -> dict[str, list]:
-        """A batch of articles -> their blocks. rest: (indices,), or (passage_ids, indices) for passages: each
-        passage then makes one block (its first `budget` wordpieces; "cut" says whether anything was left out)."""
+        """A batch of articles -> their blocks. rest: (indices,), or (passage_ids, indices) with keep_ids: every
+        block of an article keeps its id. With passages each passage makes one block (its first `budget` wordpieces;
+        "cut" says whether anything was left out)."""
         *passage_ids, indices = rest
         passage_ids = passage_ids[0] if passage_ids else [None] * len(indices)
         kept = [
@@ -457,6 +461,8 @@ class BlockBuilder:
             if not self.passages:
                 for block in _pack(pieces, budget):
                     _append_block(columns, article_id, title, title_ids, block)
+                    if self.keep_ids:
+                        columns[PASSAGE_ID].append(passage_id)
             elif pieces:
                 block, cut = self._passage_block(pieces, budget)
                 _append_block(columns, article_id, title, title_ids, block)
@@ -466,9 +472,9 @@ class BlockBuilder:
 
     @property
     def output_columns(self) -> list[str]:
-        """The columns __call__ returns: COLUMNS but block_id; with passages also passage_id and cut."""
+        """The columns __call__ returns: COLUMNS but block_id; with keep_ids also passage_id, with passages cut."""
         names = [name for name in COLUMNS if name != "block_id"]
-        return [*names, PASSAGE_ID, "cut"] if self.passages else names
+        return names + [PASSAGE_ID] * self.keep_ids + ["cut"] * self.passages
 
     def _passage_block(self, pieces: list[_Piece], budget: int) -> tuple[list[_Piece], bool]:
         """(the pieces of a passage that fit in one block, whether some were cut off): a piece that crosses the
@@ -815,7 +821,8 @@ def build_corpus(
         cut at a word boundary where it exceeds max_block_length (counted: corpus_config.json's num_passages_cut),
         and its id (input_options.id_column, else the "id" column where there is one) is kept as the block's
         passage_id, in blocks/ and in block_records.safetensors (what the retriever, `openrealm ask` and evaluate
-        report).
+        report). From a folder of documents, every block keeps its document's path in the folder as its passage_id
+        (corpus_config.json's document_ids).
     tokenizer: a tokenizers-backed BERT/REALM tokenizer, or a name/path for AutoTokenizer (a REALM checkpoint folder).
     max_block_length: wordpieces of `[CLS] title [SEP] body [SEP]` per block (Google: 288).
     num_proc: processes for `datasets.map` (blocks are identical for any value, and in input order).
@@ -846,6 +853,11 @@ def build_corpus(
         inputs.append(("the tokenizer", os.fspath(tokenizer)))  # a folder replacing would delete (not a Hub name)
     check_replaceable(output_dir, overwrite, _corpus_folder_problem, inputs)  # before any (long) work
     tokenizer, tokenizer_name = resolve_tokenizer(tokenizer)
+    # A folder of documents: every block keeps its document's path (what `openrealm ask` and the pipeline report).
+    document_ids = any(
+        input_kind(path) == "documents" for path in ([] if isinstance(source, Dataset) else _source_paths(source))
+    )
+    keep_ids = passages_as_blocks or document_ids
     builder = BlockBuilder(
         tokenizer,
         max_block_length,
@@ -854,12 +866,13 @@ def build_corpus(
         html_unescape,
         language,
         passages=passages_as_blocks,
+        keep_ids=keep_ids,
     )
     try:
         with atomic_directory(output_dir, overwrite, _corpus_folder_problem, inputs=inputs) as staging:
             # datasets' cache files: inside the staging folder, removed below
             scratch = os.path.join(staging, ".scratch")
-            articles, builder.source_name = load_articles(source, scratch, input_options, passages_as_blocks)
+            articles, builder.source_name = load_articles(source, scratch, input_options, keep_ids)
             blocks, num_cut = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
@@ -879,18 +892,19 @@ def build_corpus(
                 os.path.join(staging, BLOCKS_DIR),
                 skip_rows=duplicates if deduplicate else (),
                 first_block_id=0,
-                columns=block_columns(passages_as_blocks),
+                columns=block_columns(keep_ids),
             )
             num_duplicates = len(duplicates)
             del blocks, duplicates
             shutil.rmtree(scratch, ignore_errors=True)
             saved = load_from_disk(os.path.join(staging, BLOCKS_DIR))
             num_articles = count_distinct_in_order(saved.data.column("article_id"))
-            _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved, passages_as_blocks)
+            _write_block_records(os.path.join(staging, BLOCK_RECORDS_NAME), saved, keep_ids, document_ids)
             tokenizer.save_pretrained(staging)
             config = {
                 "format": CORPUS_FORMAT,
                 "format_version": CORPUS_FORMAT_VERSION,
+                "build_id": uuid.uuid4().hex,  # this build's identity: an index records the build it embedded
                 "version": 0,  # + 1 at each corpus add / remove / update
                 "max_block_length": max_block_length,
                 "num_blocks": num_blocks,
@@ -904,6 +918,7 @@ def build_corpus(
                 "language": language,
                 "deduplicate": deduplicate,
                 "passages_as_blocks": passages_as_blocks,
+                "document_ids": document_ids,
                 "num_passages_cut": num_cut,
                 "num_duplicate_blocks": 0 if deduplicate else num_duplicates,
                 "num_duplicates_dropped": num_duplicates if deduplicate else 0,
@@ -948,7 +963,7 @@ def pack_articles(
 ) -> tuple[Any, int]:
     """Articles (a Dataset with "title", "text"; row i = article first_id + i) -> (their blocks (all COLUMNS but
     block_id), in article order; the number of passages cut to fit a block (builder.passages; else 0)). With
-    builder.passages the articles also hold "passage_id", and so do the blocks. datasets' cache files go to
+    builder.keep_ids the articles also hold "passage_id", and so do the blocks. datasets' cache files go to
     `scratch`. Refuses input that makes no block. batch_size: articles per map batch (None: ARTICLES_PER_BATCH, or
     PASSAGES_PER_BATCH with builder.passages). progress: show the "Packing articles into blocks" bar or not,
     whatever datasets' setting (None: follow it)."""
@@ -957,7 +972,7 @@ def pack_articles(
     if batch_size is None:
         batch_size = PASSAGES_PER_BATCH if builder.passages else ARTICLES_PER_BATCH
 
-    features = block_features(passages=builder.passages)
+    features = block_features(passages=builder.keep_ids)
     del features["block_id"]
     if builder.passages:
         features["cut"] = Value("bool")
@@ -967,7 +982,7 @@ def pack_articles(
             batched=True,
             batch_size=batch_size,
             with_indices=True,
-            input_columns=["title", "text", PASSAGE_ID] if builder.passages else ["title", "text"],
+            input_columns=["title", "text", PASSAGE_ID] if builder.keep_ids else ["title", "text"],
             remove_columns=articles.column_names,
             features=features,
             num_proc=num_proc if num_proc > 1 else None,
@@ -1022,14 +1037,22 @@ def write_removed_block_ids(path: str | os.PathLike, ids: np.ndarray) -> None:
     save_file({"removed_ids": np.asarray(ids, dtype=np.int64)}, os.fspath(path))
 
 
-def _write_block_records(path: str, blocks, passage_ids: bool = False) -> None:
+def _write_block_records(path: str, blocks, passage_ids: bool = False, ids_are_paths: bool = False) -> None:
     records = _progress(_iter_records(blocks, passage_ids), len(blocks), "Writing block records")
-    BlockRecords.write(path, records, num_blocks_hint=len(blocks), passage_ids=passage_ids)
+    BlockRecords.write(
+        path, records, num_blocks_hint=len(blocks), passage_ids=passage_ids, ids_are_paths=ids_are_paths
+    )
 
 
-def block_columns(passages: bool) -> list[str]:
-    """The columns of a corpus's blocks/ dataset: COLUMNS, and passage_id in a corpus of passages."""
-    return [*COLUMNS, PASSAGE_ID] if passages else list(COLUMNS)
+def block_columns(passage_ids: bool) -> list[str]:
+    """The columns of a corpus's blocks/ dataset: COLUMNS, and passage_id in a corpus that keeps ids."""
+    return [*COLUMNS, PASSAGE_ID] if passage_ids else list(COLUMNS)
+
+
+def keeps_ids(config: Mapping) -> bool:
+    """Whether the blocks of a corpus (its corpus_config.json) keep an id: a passage's (--passages-as-blocks) or the
+    path of the document they come from (a folder of documents)."""
+    return bool(config.get("passages_as_blocks", False) or config.get("document_ids", False))
 
 
 def _version(package: str) -> str:
@@ -1086,11 +1109,7 @@ def load_corpus(directory: str | os.PathLike):
         blocks = load_from_disk(blocks_dir)
     except Exception as error:  # noqa: BLE001 - datasets raises several types for a damaged folder
         raise ValueError(f"cannot load the blocks dataset {blocks_dir}: {error}") from error
-    missing = [
-        column
-        for column in block_columns(config.get("passages_as_blocks", False))
-        if column not in blocks.column_names
-    ]
+    missing = [column for column in block_columns(keeps_ids(config)) if column not in blocks.column_names]
     if missing:
         raise ValueError(f"{blocks_dir} lacks the column(s) {', '.join(missing)}")
     if len(blocks) != config["num_blocks"]:

@@ -172,6 +172,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ask.add_argument("--top-k", type=int, default=1, help="answers per question")
     ask.add_argument("--num-blocks", type=int, default=None, help="blocks read per question (default: config)")
     ask.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    importlib.import_module("openrealm.trainers.options").user_corpus_options(ask)
     ask.set_defaults(handler=run_ask)
 
     add_jobs(commands, selected_job(sys.argv[1:] if argv is None else argv))
@@ -189,15 +190,24 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_ask(args: argparse.Namespace) -> int:
-    from transformers import pipeline
-
+    from openrealm.pipeline_realm import question_answerer
     from openrealm.tokenization.jsonl import iter_lines
 
     stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes where it can: a line that is not UTF-8 is named
     questions = args.question or [line.strip() for _, line in iter_lines(stdin, "stdin") if line.strip()]
     if not questions:
         raise ValueError("no question given: pass one, or pipe them on stdin, one per line")
-    qa = pipeline("question-answering", model=args.model)
+    if args.corpus is not None:
+        from openrealm.trainers.towers import check_model_folder
+
+        check_model_folder(args.corpus, "--corpus")
+        if not os.path.isdir(args.corpus) and args.corpus.count("/") != 1:  # neither a folder nor owner/name
+            raise FileNotFoundError(f"--corpus {args.corpus}: no such folder")
+        if args.index is not None and not os.path.exists(args.index):
+            raise FileNotFoundError(f"--index {args.index}: no such folder")
+    elif args.index is not None:
+        raise ValueError("--index is the index of a corpus: give --corpus too")
+    qa = question_answerer(args.model, corpus=args.corpus, index=args.index)
     results = qa(questions, top_k=args.top_k, num_blocks=args.num_blocks)
     for question, answers in zip(questions, results):
         answers = answers if isinstance(answers, list) else [answers]
@@ -207,7 +217,11 @@ def run_ask(args: argparse.Namespace) -> int:
         print(f"Q: {printable(question)}")
         for answer in answers:  # text of the corpus, which may come from anyone's Hub repo
             print(f"  A: {printable(answer['answer'])}  (score {answer['score']:.3f})")
-            passage = f" (passage {printable(answer['passage_id'])})" if answer.get("passage_id") is not None else ""
+            passage = ""
+            if answer.get("passage_id") is not None:
+                passage = f" (passage {printable(answer['passage_id'])})"
+            elif answer.get("path") is not None:  # a corpus built from a folder of documents
+                passage = f" (document {printable(answer['path'])})"
             print(
                 f"     block {answer['block_id']}{passage} [{printable(answer['title'])}] retrieval score "
                 f"{answer['retrieval_score']:.3f}"

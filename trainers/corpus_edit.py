@@ -37,6 +37,7 @@ from openrealm.tokenization.corpus import (
     drop_duplicate_blocks,
     duplicates_note,
     duplicates_warning,
+    keeps_ids,
     load_articles,
     load_corpus,
     pack_articles,
@@ -120,16 +121,17 @@ def edit_corpus(
         if add is not None:
             scratch = os.path.join(staging, ".scratch")
             # A corpus of passages (corpus build --passages-as-blocks) takes passages, one block each, with their ids.
+            # A corpus of documents keeps each block's document path as its id.
             if is_corpus:
-                passages = config.get("passages_as_blocks", False)
+                passages, keep_ids = config.get("passages_as_blocks", False), keeps_ids(config)
             else:  # a model folder: as the corpus its records were copied from
-                passages = retriever.block_records.has_passage_ids
+                passages = keep_ids = retriever.block_records.has_passage_ids
             if input_options is not None and input_options.id_column is not None and not passages:
                 raise ValueError(
                     f"--id-column names passage ids, but {folder} is not a corpus of passages (corpus build "
                     "--passages-as-blocks)"
                 )
-            articles, source_name = load_articles(add, scratch, input_options, passages)
+            articles, source_name = load_articles(add, scratch, input_options, keep_ids)
             titles = sorted(set(articles["title"]))
             existing = retriever.block_ids_of_titles(titles, exclude=removed_before)
             if existing and not replace:
@@ -148,6 +150,7 @@ def edit_corpus(
                 language=(config or {}).get("language", "en"),
                 source_name=source_name,
                 passages=passages,
+                keep_ids=keep_ids,
             )
             first_article = (config or {}).get("num_input_articles", 0)
             new_blocks, num_cut = pack_articles(articles, builder, scratch, num_proc=num_proc, first_id=first_article)
@@ -162,7 +165,7 @@ def edit_corpus(
             from datasets import Value
 
             new_blocks = new_blocks.add_column("block_id", new_ids, feature=Value("int64"))
-            new_blocks = new_blocks.select_columns(block_columns(passages))
+            new_blocks = new_blocks.select_columns(block_columns(keep_ids))
             block_emb = None
             if retriever.has_index:
                 index = retriever.index
@@ -181,11 +184,13 @@ def edit_corpus(
                 new_blocks["title"],
                 new_blocks["text"],
                 block_emb=block_emb,
-                passage_ids=new_blocks[PASSAGE_ID] if passages else None,
+                passage_ids=new_blocks[PASSAGE_ID] if keep_ids else None,
             )
             summary.update(added_block_ids=[int(num_before), int(num_before + len(new_blocks))], source=source_name)
         if len(to_remove) and retriever.has_index:
             retriever.remove_blocks(to_remove)
+        if is_corpus and retriever.has_index:  # the corpus's own index follows it: it records the new version
+            retriever.index.metadata["corpus_version"] = config.get("version", 0) + 1
         retriever.write_files(staging)
         if is_corpus:
             removed = np.union1d(removed_before, to_remove).astype(np.int64)

@@ -3,6 +3,7 @@ and shows where each answer came from.
 
     openrealm demo --model realm-quickstart            # the quickstart's output: its REALM model, its test questions
     openrealm demo --model owner/realm-nq [--port 7860] [--host 0.0.0.0] [--share] [--example "who wrote hamlet?"]
+    openrealm demo --model owner/realm-nq --corpus my_corpus [--index my_index]   # answers from your documents
 
 The page has a question box and controls for the number of answers (top-k) and of blocks read. Each answer shows its
 probability, the title and retrieval score of the block it was read from, and that block's text with the answer
@@ -56,16 +57,18 @@ def resolve_model(model: str) -> tuple[str, list[str]]:
     return str(root / "realm-openqa"), examples
 
 
-def load_question_answerer(model: str, device: str | None = None):
-    """`pipeline("question-answering")` for a RealmForOpenQA folder or Hub id: openrealm's pipeline when openrealm is
-    installed, else the checkpoint's own custom code (as in a Space)."""
+def load_question_answerer(model: str, device: str | None = None, corpus: str | None = None, index: str | None = None):
+    """`pipeline("question-answering")` for a RealmForOpenQA folder or Hub id (answering from `corpus`, with `index`,
+    when given): openrealm's pipeline when openrealm is installed, else the checkpoint's own custom code (as in a
+    Space)."""
     from transformers import pipeline
 
     try:
-        import openrealm  # noqa: F401 - registers the task's REALM pipeline
+        from openrealm.pipeline_realm import question_answerer
     except ImportError:
-        return pipeline("question-answering", model=model, device=device, trust_remote_code=True)
-    return pipeline("question-answering", model=model, device=device)
+        corpus_kwargs = {} if corpus is None else {"corpus": corpus, "index": index}
+        return pipeline("question-answering", model=model, device=device, trust_remote_code=True, **corpus_kwargs)
+    return question_answerer(model, corpus=corpus, index=index, device=device)
 
 
 def highlight(text: str, start: int | None, end: int | None) -> str:
@@ -82,9 +85,12 @@ def title_html(title: str) -> str:
 
 
 def block_name(item: dict) -> str:
-    """ "block 17", or "block 17, passage 18" for a corpus of passages (`corpus build --passages-as-blocks`)."""
-    passage = item.get("passage_id")
-    return f"block {item['block_id']}" + (f", passage {html.escape(passage)}" if passage is not None else "")
+    """ "block 17", or "block 17, passage 18" for a corpus of passages (`corpus build --passages-as-blocks`), or
+    "block 17, document notes/a.md" for a corpus built from a folder of documents."""
+    for key, name in (("passage_id", "passage"), ("path", "document")):
+        if item.get(key) is not None:
+            return f"block {item['block_id']}, {name} {html.escape(item[key])}"
+    return f"block {item['block_id']}"
 
 
 def answers_html(answers: list[dict]) -> str:
@@ -191,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     model, examples = resolve_model(args.model)
-    qa = load_question_answerer(model, device=args.device)
+    qa = load_question_answerer(model, device=args.device, corpus=args.corpus, index=args.index)
     demo = build_demo(qa, examples=[*examples, *(args.example or [])], num_retrieved=args.num_retrieved)
     demo.queue()
     _, local_url, share_url = demo.launch(

@@ -12,13 +12,13 @@ import os
 from contextlib import nullcontext
 from pathlib import Path
 
-from openrealm.file_utils import check_apart, writer_lock
-from openrealm.retrieval_realm import BLOCK_INDEX_DIR
+from openrealm.file_utils import check_apart, path_within, writer_lock
 from openrealm.trainers.indexing import (
     beside_versions,
     build_from_args,
     check_num_shards,
     exit_with_parent,
+    is_index_output,
     latest_index_dir,
     process_state,
     version_dir_name,
@@ -35,17 +35,24 @@ def run(args: argparse.Namespace) -> int:
         check_num_shards(args.num_shards, state.num_processes, args.index_type, args.layout)
     except ValueError as error:
         raise ValueError(f"--num-shards {args.num_shards}: {error}") from None
-    # The one output inside an input: a plain index at CORPUS/block_index, where RealmRetriever.from_pretrained(CORPUS)
-    # finds it (docs/corpus.md). Writing it changes the corpus folder: the build holds the corpus's writer lock, so
-    # that a `corpus add` waits for it, or it for the add, instead of one replacing the other's blocks or index.
-    own_index = args.layout == "plain" and os.path.realpath(args.output) == os.path.realpath(
-        Path(args.corpus, BLOCK_INDEX_DIR)
-    )
-    inputs = [None if own_index else ("--corpus", args.corpus), ("--embedder", args.embedder)]
+    # An index may live inside the corpus folder (CORPUS/block_index, where RealmRetriever.from_pretrained(CORPUS)
+    # finds it, or any other new name there): then only the corpus's own entries are inputs, and the build holds the
+    # corpus's writer lock, so that a `corpus add` waits for it, or it for the add, instead of one replacing the
+    # other's work.
+    inside_corpus = path_within(args.output, args.corpus) and not path_within(args.corpus, args.output)
+    corpus_inputs = [("--corpus", args.corpus)]
+    if inside_corpus:  # what the build reads there: every entry but an index it replaces (it wrote that one)
+        entries = [os.path.join(args.corpus, name) for name in sorted(os.listdir(args.corpus))]
+        corpus_inputs = [
+            ("--corpus", entry)
+            for entry in entries
+            if not (path_within(entry, args.output) and is_index_output(entry))
+        ]
+    inputs = [*corpus_inputs, ("--embedder", args.embedder)]
     if args.layout == "versioned":  # writes (and prunes) OUTPUT/vNNNNNN only: what lies beside them is left alone
-        inputs = [item for item in inputs if item is None or not beside_versions(item[1], args.output)]
+        inputs = [item for item in inputs if not beside_versions(item[1], args.output)]
     check_apart(args.output, inputs, "--output")
-    with writer_lock(args.corpus) if own_index and state.is_main_process else nullcontext():
+    with writer_lock(args.corpus) if inside_corpus and state.is_main_process else nullcontext():
         index = build_from_args(args, state, device, args.embedder, args.version, args.layout, args.keep)
     if state.is_main_process:
         where = Path(args.output).absolute()

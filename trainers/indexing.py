@@ -34,7 +34,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import threading
@@ -48,9 +47,17 @@ import torch
 from openrealm import RealmBlockIndex, ShardedBlockIndex
 from openrealm.file_utils import atomic_directory, fsync_directory, write_text_atomic, writer_lock
 from openrealm.index_realm import (
+    BUILD_INFO_NAME,
+    INDEX_SUBDIR,
+    VERSION_PATTERN,
+    latest_index_dir,
+    list_versions,
     resolve_index_params,
     save_block_emb_shard,
     shard_file_name,
+    version_dir_name,
+    version_names,
+    weights_fingerprint,
     write_sharded_index,
 )
 from openrealm.tokenization.corpus import (
@@ -60,14 +67,10 @@ from openrealm.tokenization.corpus import (
 )
 from openrealm.trainers.embedding import arrow_table, embed_corpus, gather_shards, resolve_dtype
 from openrealm.trainers.options import MAX_BLOCK_LENGTH
-from openrealm.trainers.towers import check_corpus_ids, fit_length, load_embedder
+from openrealm.trainers.towers import check_corpus_ids, fit_length, load_block_tower
 
 if TYPE_CHECKING:
     from accelerate import PartialState
-
-INDEX_SUBDIR = "block_index"
-BUILD_INFO_NAME = "build_info.json"
-VERSION_PATTERN = re.compile(r"^v(\d{6,})$")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -93,22 +96,10 @@ def corpus_fingerprint(blocks) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def version_dir_name(version: int) -> str:
-    return f"v{version:06d}"
-
-
-def _version_names(root: Path) -> dict[int, Path]:
-    """{version: folder} of every entry under root named like a version (vNNNNNN), index or not."""
-    if not root.is_dir():
-        return {}
-    return {int(m.group(1)): p for p in root.iterdir() if (m := VERSION_PATTERN.match(p.name))}
-
-
-def is_index_version(folder: str | os.PathLike) -> bool:
-    """Whether folder is a complete index version as _write_version commits it: build_info.json and
-    block_index/index_config.json (a user's folder that merely has a version-like name is not one)."""
-    folder = Path(folder)
-    return (folder / BUILD_INFO_NAME).is_file() and (folder / INDEX_SUBDIR / "index_config.json").is_file()
+def is_index_output(path: str | os.PathLike) -> bool:
+    """Whether path is what `openrealm index build` writes: an index folder (index_config.json) or an index root of
+    versions."""
+    return (Path(path) / "index_config.json").is_file() or bool(list_versions(path))
 
 
 def beside_versions(path: str | os.PathLike, root: str | os.PathLike) -> bool:
@@ -121,25 +112,10 @@ def beside_versions(path: str | os.PathLike, root: str | os.PathLike) -> bool:
     return VERSION_PATTERN.match(os.path.relpath(path, root).split(os.sep)[0]) is None
 
 
-def list_versions(root: str | os.PathLike) -> list[int]:
-    """Complete versions under an index root, ascending (builds in progress are hidden temp folders; other folders
-    with a version-like name are not versions: they are never loaded nor pruned)."""
-    return sorted(v for v, folder in _version_names(Path(root)).items() if is_index_version(folder))
-
-
 def next_version(root: str | os.PathLike) -> int:
     """The version a new build under root takes by default: one past every version-like name there (0 for none), so
     that it is the newest and never collides with a folder already there."""
-    return max(_version_names(Path(root)), default=-1) + 1
-
-
-def latest_index_dir(root: str | os.PathLike) -> Path:
-    """The block_index/ folder of the newest complete version under root (load with
-    RealmBlockIndex.from_pretrained)."""
-    versions = list_versions(root)
-    if not versions:
-        raise FileNotFoundError(f"{root} holds no index version (expected {root}/v000000/{INDEX_SUBDIR}, ...)")
-    return Path(root) / version_dir_name(versions[-1]) / INDEX_SUBDIR
+    return max(version_names(Path(root)), default=-1) + 1
 
 
 def load_index(
@@ -246,7 +222,8 @@ def build_index(
 ):
     """Embed every block of corpus_dir and write the index; returns the RealmBlockIndex (on every process).
 
-    embedder: a RealmEmbedder (e.g. the training model's; left in its mode) or a checkpoint name for load_embedder.
+    embedder: a RealmEmbedder (e.g. the training model's; left in its mode) or a checkpoint name for
+    load_block_tower (of an open-QA model, its document tower).
     version: default = one past the highest version under output_dir (0 for the first). layout 'versioned' writes
     output_dir/vNNNNNN/ and then keeps the newest `keep` versions and the one written (None: all; folders holding no
     index are neither versions nor removed); 'plain' writes output_dir itself.
@@ -273,7 +250,7 @@ def build_index(
     blocks = load_corpus(corpus_dir)
     embedder_name = os.fspath(embedder) if isinstance(embedder, (str, os.PathLike)) else _model_name(embedder)
     if isinstance(embedder, (str, os.PathLike)):
-        embedder = load_embedder(embedder)
+        embedder = load_block_tower(embedder)
     check_corpus_ids(blocks, embedder, corpus_dir, f"the embedder {embedder_name}")
     previous = _previous_index(output_dir, layout)
     dim = embedder.config.retriever_proj_size
@@ -392,9 +369,12 @@ def _build_info(index_type, version, num_blocks, dim, corpus_dir, blocks, embedd
         "dim": dim,
         "corpus": str(Path(corpus_dir).absolute()),
         "corpus_fingerprint": corpus_fingerprint(blocks),
+        "corpus_build_id": corpus_config.get("build_id"),
+        "corpus_version": corpus_config.get("version", 0),
         "corpus_tokenizer": corpus_config.get("tokenizer"),
         "embedder": embedder_name,
         "embedder_class": type(embedder).__name__,
+        "embedder_fingerprint": weights_fingerprint(embedder),
         "device": str(device),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "openrealm_version": openrealm.__version__,
@@ -429,7 +409,7 @@ def build_from_args(
 ) -> RealmBlockIndex:
     """What `openrealm index build` and each build of the served builder do once the process is set up."""
     num_workers = args.num_workers if args.num_workers is not None else (2 if device.type == "cuda" else 0)
-    model = load_embedder(embedder)
+    model = load_block_tower(embedder)
     name = f"--embedder {embedder}"
     max_length = fit_length(model, args.max_length or MAX_BLOCK_LENGTH, name, "--max-length", bool(args.max_length))
     return build_index(
@@ -481,6 +461,7 @@ __all__ = [
     "build_index",
     "check_num_shards",
     "exit_with_parent",
+    "is_index_output",
     "latest_index_dir",
     "list_versions",
     "load_index",

@@ -646,6 +646,22 @@ def evaluate(parser: argparse.ArgumentParser) -> None:
     output_options(parser)
 
 
+def user_corpus_options(parser: argparse.ArgumentParser) -> None:
+    """--corpus and --index of `ask` and `demo`: answer from a corpus of the user's instead of the model's own."""
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help="answer from this corpus folder (openrealm corpus build with the model's tokenizer) instead of the "
+        "model's own",
+    )
+    parser.add_argument(
+        "--index",
+        default=None,
+        help="the corpus's index, built with the model (openrealm index build --embedder MODEL; default "
+        "CORPUS/block_index)",
+    )
+
+
 def demo(parser: argparse.ArgumentParser) -> None:
     """Flags of `openrealm demo`."""
     parser.add_argument(
@@ -653,6 +669,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="RealmForOpenQA folder, Hub repo id, or a quickstart output folder (its REALM model and test questions)",
     )
+    user_corpus_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: reachable from others)")
     parser.add_argument("--port", type=positive_int, default=7860, help="port to serve on")
     parser.add_argument("--share", action="store_true", help="also open a temporary public gradio.live link")
@@ -675,7 +692,13 @@ def push(parser: argparse.ArgumentParser) -> None:
         "--eval-results", nargs="*", default=[], help="results JSON(s) of openrealm evaluate, for the model-index"
     )
     parser.add_argument("--training-summary", default=None, help="JSON summary of the fine-tuning run, for the card")
-    parser.add_argument("--corpus", default=None, help="knowledge corpus folder or name, for the card")
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help="knowledge corpus folder or name, for the card; a corpus folder other than the model's own is uploaded "
+        "with the model in place of its own corpus (its index: --index, default CORPUS/block_index)",
+    )
+    parser.add_argument("--index", default=None, help="the index of --corpus, built with the model")
     parser.add_argument("--datasets", nargs="*", default=None, help="Hub dataset ids to list in the card metadata")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument(
@@ -732,4 +755,5 @@ __all__ = [
     "evaluate",
     "demo",
     "push",
+    "user_corpus_options",
 ]

@@ -25,7 +25,9 @@ from transformers.utils import logging
 from openrealm import RealmConfig, RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
 from openrealm.configuration_realm import CONFIG_NAME, check_config_file, read_json_object
 from openrealm.file_utils import atomic_directory
+from openrealm.index_realm import EMBEDDER_DIR
 from openrealm.modeling_realm import BERT_CONFIG_FIELDS, expected_load_changes, kept_beside_model
+from openrealm.retrieval_realm import BLOCK_INDEX_DIR
 
 logger = logging.get_logger(__name__)
 
@@ -137,6 +139,38 @@ def load_embedder(
     if architecture not in EMBEDDER_INSIDE:
         raise ValueError(f"{flag} {source} holds a {architecture}, which has no block embedder")
     return _load_inner(RealmEmbedder, source, EMBEDDER_INSIDE[architecture], **overrides, **kwargs)
+
+
+def document_tower_folder(source: str | os.PathLike) -> Path | None:
+    """The document tower saved in a RealmForOpenQA folder (or Hub repo): block_index/embedder/, the tower that
+    embedded the blocks its question tower was fine-tuned against (ORQA keeps block embeddings frozen). None when it
+    holds none (a 4.x checkpoint keeps only its block embeddings)."""
+    source = os.fspath(source)
+    inside = Path(BLOCK_INDEX_DIR, EMBEDDER_DIR)
+    if os.path.isdir(source):
+        folder = Path(source) / inside
+        return folder if (folder / CONFIG_NAME).is_file() else None
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(source, allow_patterns=[f"{inside.as_posix()}/*"])) / inside
+    except OSError:
+        return None
+    return folder if (folder / CONFIG_NAME).is_file() else None
+
+
+def load_block_tower(source: str | os.PathLike, flag: str = "--embedder") -> RealmEmbedder:
+    """The tower that embeds a corpus's blocks for an index: of an open-QA checkpoint, its document tower
+    (`document_tower_folder`) when it has one, else its question tower; of any other checkpoint, load_embedder's."""
+    source = os.fspath(source)
+    if source != "random":
+        config = _checkpoint_config(source, flag)
+        if (config.architectures or [None])[0] == "RealmForOpenQA":
+            folder = document_tower_folder(source)
+            if folder is not None:
+                logger.info(f"{flag} {source}: embedding blocks with its document tower ({folder})")
+                return RealmEmbedder.from_pretrained(folder, attn_implementation="sdpa")
+    return load_embedder(source, flag=flag)
 
 
 def load_encoder(
@@ -287,6 +321,8 @@ __all__ = [
     "check_tokenizer",
     "fit_length",
     "freeze_unused_mlm_head",
+    "document_tower_folder",
+    "load_block_tower",
     "load_embedder",
     "load_encoder",
     "save_tower",
