@@ -66,7 +66,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# Re-exported from their earlier home until openrealm 0.2 (trainers/indexing.py now).
-from openrealm.trainers.indexing import build_index, list_versions, load_index  # noqa: E402
-
-__all__ = ["build_index", "latest_index_dir", "list_versions", "load_index", "run"]
+__all__ = ["run"]
