@@ -110,8 +110,8 @@ def main() -> None:
     from datasets import disable_progress_bars, load_from_disk
 
     from openrealm import RealmConfig, RealmEmbedder, RealmTokenizer
-    from openrealm.trainers.corpus_edit import edit_corpus
     from openrealm.trainers.embedding import embed_corpus
+    from openrealm.trainers.living_corpus import edit_corpus
 
     disable_progress_bars()
     os.makedirs(args.workdir, exist_ok=True)

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from openrealm.tokenization.corpus import load_corpus
     from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, held_out_query_blocks
-    from openrealm.trainers.quickstart import PRESETS, Stages, share_cpu_cores
+    from openrealm.trainers.quickstart.stages import PRESETS, Stages, share_cpu_cores
     from openrealm.trainers.stage_utils import parse_config_overrides
 
     share_cpu_cores()

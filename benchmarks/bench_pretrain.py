@@ -51,10 +51,10 @@ from transformers import AutoTokenizer, TrainerCallback
 from openrealm import RealmConfig, RealmEmbedder
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers import pretrain
+from openrealm.trainers.jobs import train_pretrain as pretrain
 from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretraining.builder import clone_tensors
-from openrealm.trainers.pretraining.inputs import initial_index
+from openrealm.trainers.pretraining.preparation import initial_index
 from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.towers import load_embedder, load_encoder
 from openrealm.trainers.world.synthetic_world import generate_world

@@ -203,8 +203,8 @@ def zero_shot(args: argparse.Namespace) -> int:
     """Job: recall@k of one embedder as the question encoder over an index it builds of the corpus (no fine-tuning),
     on the NQ and SQuAD question files; with --bm25, BM25's recall on the same questions as well."""
     from openrealm.trainers.bm25 import Bm25BlockSearcher
-    from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
-    from openrealm.trainers.finetuning import openqa_model_from_pretraining
+    from openrealm.trainers.evaluation import evaluate_openqa, load_qa_dataset
+    from openrealm.trainers.openqa import openqa_model_from_pretraining
     from openrealm.trainers.towers import load_embedder
 
     embedder = load_embedder(args.zero_shot).to(args.device).eval()
@@ -216,7 +216,7 @@ def zero_shot(args: argparse.Namespace) -> int:
     for questions in ("nq", "squad"):
         dataset = load_qa_dataset(getattr(args, questions))
         for retrieval, searcher in searchers.items():
-            recall = evaluate_open_qa(
+            recall = evaluate_openqa(
                 model, dataset, batch_size=32, num_blocks=1, recall_ks=RECALL_KS, block_searcher=searcher
             )
             results[f"{questions}/{retrieval}"] = {f"recall@{k}": recall[f"recall@{k}"] for k in RECALL_KS}

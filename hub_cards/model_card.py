@@ -1,5 +1,5 @@
 """Model cards of REALM checkpoints: `realm_model_card(kind, training_summary)` -> `huggingface_hub.ModelCard` for
-the pre-training towers, and `open_qa_model_card(evaluations, ...)` for a fine-tuned RealmForOpenQA folder, whose YAML
+the pre-training towers, and `openqa_model_card(evaluations, ...)` for a fine-tuned RealmForOpenQA folder, whose YAML
 metadata carries the evaluation results as `model-index` (written by `openrealm evaluate`, pushed by `openrealm push`).
 
 kind: "embedder" (RealmEmbedder, the retriever's tower), "encoder" (RealmKnowledgeAugEncoder, the MLM reader of
@@ -244,7 +244,7 @@ def _results_table(evaluations: list[dict]) -> list[str]:
     return lines
 
 
-def open_qa_model_card(
+def openqa_model_card(
     evaluations: list[dict],
     *,
     model_name: str,
@@ -352,7 +352,7 @@ __all__ = [
     "evaluation_results",
     "final_metrics",
     "KINDS",
-    "open_qa_model_card",
+    "openqa_model_card",
     "REALM_BIBTEX",
     "realm_model_card",
     "write_model_card",

@@ -3,7 +3,7 @@
 Three files go into the model folder, and from there to the Hub with it:
 
     app.py             builds the page of `openrealm demo` for the repo id and launches it
-    openrealm_demo.py  that page: a verbatim copy of openrealm/trainers/demo.py, which imports nothing from openrealm
+    openrealm_demo.py  that page: a verbatim copy of trainers/demo_page.py, which imports nothing from openrealm
     requirements.txt   torch, transformers, gradio, safetensors, numpy (and faiss-cpu for a faiss index)
 
 In a Gradio Space holding these files the model runs as the checkpoint's own custom code (`trust_remote_code`), so the
@@ -56,7 +56,9 @@ def write_space_app(folder: str | os.PathLike, model_id: str) -> list[Path]:
         raise FileNotFoundError(f"No model folder {folder}")
     contents = {
         "app.py": APP_TEMPLATE.format(model_id=model_id),
-        "openrealm_demo.py": resources.files("openrealm.trainers").joinpath("demo.py").read_text(encoding="utf-8"),
+        "openrealm_demo.py": resources.files("openrealm.trainers")
+        .joinpath("demo_page.py")
+        .read_text(encoding="utf-8"),
         "requirements.txt": "\n".join(space_requirements(folder)) + "\n",
     }
     return [Path(write_text_atomic(folder / name, text)) for name, text in contents.items()]

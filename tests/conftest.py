@@ -48,7 +48,7 @@ def quickstart_corpus(tmp_path_factory) -> Path:
 
     from openrealm.tokenization.corpus import build_corpus
     from openrealm.tokenization.vocab import train_wordpiece_vocab
-    from openrealm.trainers.quickstart import WORLD
+    from openrealm.trainers.quickstart.stages import WORLD
     from openrealm.trainers.world.synthetic_world import generate_world
 
     root = tmp_path_factory.mktemp("mlm")

@@ -18,8 +18,8 @@ from openrealm.tokenization import corpus
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.jsonl import JsonlError, iter_jsonl
 from openrealm.trainers.cli import main
-from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
-from openrealm.trainers.finetuning import read_gold_passages
+from openrealm.trainers.evaluation import evaluate_openqa, load_qa_dataset
+from openrealm.trainers.openqa import read_gold_passages
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "the", "nile", "paris", "london", "is", "a", "city"]
 ARTICLE = {"title": "nile", "text": "The nile is a city."}
@@ -434,15 +434,15 @@ def test_evaluate_refuses_a_recall_k_of_zero(tmp_path, capsys):
     assert "argument --recall-k: must be a positive integer (at least 1), got 0" in capsys.readouterr().err
 
 
-def test_evaluate_open_qa_refuses_a_batch_size_below_one(model):
+def test_evaluate_openqa_refuses_a_batch_size_below_one(model):
     with pytest.raises(ValueError, match="batch_size must be positive, got 0"):
-        evaluate_open_qa(model, [{"question": "q", "answers": ["a"]}], batch_size=0)
+        evaluate_openqa(model, [{"question": "q", "answers": ["a"]}], batch_size=0)
 
 
 def test_recall_k_beyond_the_corpus_is_recall_over_the_corpus_with_a_note(model):
     rows = [{"question": "where does the nile flow ?", "answers": ["egypt"]}, {"question": "who ?", "answers": ["x"]}]
-    capped = evaluate_open_qa(model, rows, recall_ks=(1, 20), num_blocks=2)
-    whole = evaluate_open_qa(model, rows, recall_ks=(1, 6), num_blocks=2)
+    capped = evaluate_openqa(model, rows, recall_ks=(1, 20), num_blocks=2)
+    whole = evaluate_openqa(model, rows, recall_ks=(1, 6), num_blocks=2)
     assert capped["corpus_size"] == 6
     assert capped["recall@20"] == whole["recall@6"] == 50.0
     assert capped["notes"] == ["recall@20: the corpus holds only 6 blocks, so this is recall over all of them"]

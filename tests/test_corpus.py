@@ -28,7 +28,7 @@ from openrealm.tokenization.corpus import (
     save_blocks,
 )
 from openrealm.trainers.cli import main
-from openrealm.trainers.corpus_build import run
+from openrealm.trainers.jobs.corpus_build import run
 from openrealm.trainers.options import corpus_build
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

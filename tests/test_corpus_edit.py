@@ -28,8 +28,8 @@ from helpers import (
 from openrealm import RealmBlockIndex, RealmForOpenQA, RealmRetriever
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
 from openrealm.trainers.cli import main
-from openrealm.trainers.corpus_edit import edit_corpus
 from openrealm.trainers.indexing import build_index
+from openrealm.trainers.living_corpus import edit_corpus
 
 
 @pytest.fixture

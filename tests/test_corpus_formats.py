@@ -17,8 +17,8 @@ from openrealm import BlockRecords, RealmRetriever
 from openrealm.tokenization.corpus import build_corpus, load_corpus, read_corpus_config
 from openrealm.tokenization.sources import InputOptions
 from openrealm.trainers.cli import main
-from openrealm.trainers.corpus_edit import edit_corpus
-from openrealm.trainers.evaluation import evaluate_open_qa
+from openrealm.trainers.evaluation import evaluate_openqa
+from openrealm.trainers.living_corpus import edit_corpus
 
 ROWS = [
     {"id": "1", "title": "the nile", "text": BLOCK_TEXTS[0]},
@@ -249,7 +249,7 @@ def test_evaluate_names_the_passage_ids_of_the_blocks_it_read(tmp_path):
         passage_ids=True,
     )
     model.retriever = RealmRetriever(records, model.retriever.tokenizer, index=model.retriever.index)
-    results = evaluate_open_qa(model, [{"question": "where does the nile flow ?", "answers": ["egypt"]}], num_blocks=2)
+    results = evaluate_openqa(model, [{"question": "where does the nile flow ?", "answers": ["egypt"]}], num_blocks=2)
     prediction = results["predictions"][0]
     assert prediction["passage_ids"] == [f"dpr-{i}" for i in prediction["block_ids"]]
     assert prediction["predicted_passage_id"] == f"dpr-{prediction['predicted_block_id']}"

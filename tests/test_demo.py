@@ -24,7 +24,7 @@ from transformers import pipeline
 
 import openrealm  # noqa: F401 - registers the question-answering pipeline
 from openrealm.hub_cards.space_app import APP_FILES, space_requirements, write_space_app
-from openrealm.trainers import demo
+from openrealm.trainers import demo_page as demo
 
 QUESTION = "which river flows through london ?"
 CHROMIUM = "/usr/bin/chromium"

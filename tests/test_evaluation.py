@@ -14,10 +14,10 @@ from openrealm.trainers.bm25 import Bm25BlockSearcher
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import (
     METRIC_SCRIPT,
-    evaluate_open_qa,
+    evaluate_openqa,
     exact_match,
     has_answer,
-    load_open_qa_metric,
+    load_openqa_metric,
     load_qa_dataset,
     normalize_answer,
     regex_match,
@@ -45,11 +45,11 @@ def model():
 
 @pytest.fixture(scope="module")
 def results(model):
-    return evaluate_open_qa(model, QUESTIONS, batch_size=3, num_blocks=2, recall_ks=(1, 3, 20))
+    return evaluate_openqa(model, QUESTIONS, batch_size=3, num_blocks=2, recall_ks=(1, 3, 20))
 
 
 def dense_ranking(model, question: str) -> list[int]:
-    """All block ids, best first, by the model's own question embedding (computed apart from evaluate_open_qa)."""
+    """All block ids, best first, by the model's own question embedding (computed apart from evaluate_openqa)."""
     tokenizer = model.retriever.tokenizer
     with torch.no_grad():
         query = model.embedder(**tokenizer([question], return_tensors="pt")).projected_score
@@ -125,7 +125,7 @@ def test_metric_module_gives_the_exact_match_percentage():
     references = [row["answers"] for row in rows]
     expected = 100.0 * sum(map(exact_match, predictions, references)) / 4
     assert expected == 75.0
-    assert load_open_qa_metric().compute(predictions=predictions, references=references) == {"exact_match": 75.0}
+    assert load_openqa_metric().compute(predictions=predictions, references=references) == {"exact_match": 75.0}
     assert evaluate.load(str(METRIC_SCRIPT)).compute(predictions=predictions, references=references) == {
         "exact_match": expected
     }
@@ -137,7 +137,7 @@ def test_metric_module_matches_regex_references():
     predictions = ["20,320 feet", "Death of a Salesman"]
     references = [row["answers"] for row in rows]
     assert [regex_match(p, r) for p, r in zip(predictions, references)] == [True, False]
-    assert load_open_qa_metric().compute(predictions=predictions, references=references, regex=True) == {
+    assert load_openqa_metric().compute(predictions=predictions, references=references, regex=True) == {
         "exact_match": 50.0
     }
 
@@ -244,7 +244,7 @@ def test_a_missing_file_is_named(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# evaluate_open_qa
+# evaluate_openqa
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -288,24 +288,24 @@ def test_predictions_are_the_pipelines_answers(model, results):
 
 def test_exact_match_is_full_when_the_references_are_the_predictions(model, results):
     rows = [{"question": p["question"], "answers": [p["prediction"].upper()]} for p in results["predictions"]]
-    assert evaluate_open_qa(model, rows, batch_size=4, num_blocks=2, recall_ks=(1,))["exact_match"] == 100.0
+    assert evaluate_openqa(model, rows, batch_size=4, num_blocks=2, recall_ks=(1,))["exact_match"] == 100.0
 
 
 def test_batch_size_does_not_change_the_results(model, results):
-    one_at_a_time = evaluate_open_qa(model, QUESTIONS, batch_size=1, num_blocks=2, recall_ks=(1, 3, 20))
+    one_at_a_time = evaluate_openqa(model, QUESTIONS, batch_size=1, num_blocks=2, recall_ks=(1, 3, 20))
     assert one_at_a_time == results
 
 
 def test_regex_rows_are_scored_by_regex(model, results):
     patterns = [{"question": p["question"], "answers": [".*"], "match": "regex"} for p in results["predictions"]]
-    scored = evaluate_open_qa(model, patterns, batch_size=4, num_blocks=2, recall_ks=(1,))
+    scored = evaluate_openqa(model, patterns, batch_size=4, num_blocks=2, recall_ks=(1,))
     assert scored["exact_match"] == 100.0 and scored["recall@1"] == 100.0 and scored["match"] == "regex"
 
 
 def test_a_block_searcher_chooses_the_blocks_read(model):
     searcher = Bm25BlockSearcher.from_retriever(model.retriever)
     rows = [{"question": "which river flows through london ?", "answers": ["thames"]}]
-    scored = evaluate_open_qa(model, rows, num_blocks=2, recall_ks=(1,), block_searcher=searcher)
+    scored = evaluate_openqa(model, rows, num_blocks=2, recall_ks=(1,), block_searcher=searcher)
     assert scored["predictions"][0]["block_ids"] == searcher.search([rows[0]["question"]], 2)[0].tolist()
     assert scored["predictions"][0]["block_ids"][0] == 4  # "the river thames flows through london ."
     assert scored["recall@1"] == 100.0 and scored["reader_oracle"] == 100.0
@@ -314,7 +314,7 @@ def test_a_block_searcher_chooses_the_blocks_read(model):
 def test_evaluation_leaves_the_model_in_training_mode_if_it_was(model):
     model.train()
     try:
-        evaluate_open_qa(model, QUESTIONS[:1], num_blocks=1, recall_ks=(1,))
+        evaluate_openqa(model, QUESTIONS[:1], num_blocks=1, recall_ks=(1,))
         assert model.training
     finally:
         model.eval()

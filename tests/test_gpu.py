@@ -14,8 +14,8 @@ from transformers import TrainerCallback
 
 from openrealm import RealmConfig, RealmEmbedder
 from openrealm.index_realm import RealmBlockIndex, torch_exact_search
-from openrealm.trainers import pretrain
 from openrealm.trainers.embedding import embed_corpus
+from openrealm.trainers.jobs import train_pretrain as pretrain
 from openrealm.trainers.options import train_pretrain
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

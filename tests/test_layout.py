@@ -34,10 +34,18 @@ def imported_modules(path: Path) -> set[str]:
     return {name for name in names if name.startswith("openrealm")}
 
 
-def test_no_job_module_is_imported_by_another_module_of_the_package():
-    jobs = {module for module, _, _ in JOBS.values()}
-    importers = {name: sorted(imported_modules(path) & jobs - {name}) for name, path in modules().items()}
-    assert {name: jobs_ for name, jobs_ in importers.items() if jobs_} == {}
+def test_every_command_is_a_module_of_the_jobs_folder():
+    assert {module for module, _, _ in JOBS.values()} <= set(modules())
+    assert all(module.startswith("openrealm.trainers.jobs.") for module, _, _ in JOBS.values())
+
+
+def test_nothing_imports_from_the_jobs_folder():
+    jobs = "openrealm.trainers.jobs"
+    importers = {
+        name: sorted(module for module in imported_modules(path) if module.startswith(jobs + "."))
+        for name, path in modules().items()
+    }
+    assert {name: found for name, found in importers.items() if found} == {}
 
 
 def test_modeling_realm_imports_nothing_from_the_other_folders():

@@ -10,7 +10,7 @@ import torch
 from helpers import BLOCK_TEXTS, fixture_tokenizer, make_openqa_model
 
 from openrealm.hub_cards import model_card
-from openrealm.trainers.finetuning import finetune_openqa, openqa_model_from_pretraining, save_finetuned
+from openrealm.trainers.openqa import finetune_openqa, openqa_model_from_pretraining, save_finetuned
 from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME as DEV_RESULTS_NAME
 from openrealm.trainers.options import OPENQA_SUMMARY_NAME as SUMMARY_NAME
 
@@ -245,7 +245,7 @@ def test_a_save_failing_part_way_leaves_the_previous_fine_tuned_folder_whole(tmp
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(output / "README.md"))
 
-    monkeypatch.setattr(model_card, "open_qa_model_card", disk_full)  # after the new weights, before the card
+    monkeypatch.setattr(model_card, "openqa_model_card", disk_full)  # after the new weights, before the card
     with pytest.raises(OSError, match="No space left"):
         save_finetuned(make_openqa_model(seed=1), output, {"num_blocks": 6, "max_steps": 2}, None)
     assert folder_files(output) == before
@@ -372,7 +372,7 @@ def test_train_openqa_command_writes_a_folder_that_answers_through_the_pipeline(
 def training_loss(model, rows, tokenizer) -> float:
     """The mean loss over rows, dropout off, with every block scored and read (so that no row's reader loss is
     zeroed because retrieval missed its answer)."""
-    from openrealm.trainers.finetuning import OpenQACollator
+    from openrealm.trainers.openqa import OpenQACollator
 
     model.eval()
     with torch.no_grad():
@@ -417,7 +417,7 @@ def test_fine_tuning_on_the_synthetic_world_lowers_the_loss_and_raises_held_out_
 
 
 def test_collator_turns_string_answers_into_wordpieces_and_regex_rows_into_patterns(tokenizer):
-    from openrealm.trainers.finetuning import OpenQACollator
+    from openrealm.trainers.openqa import OpenQACollator
 
     rows = [
         {"question": "where does the nile flow ?", "answers": ["egypt", "the nile"], "match": "string"},
@@ -431,7 +431,7 @@ def test_collator_turns_string_answers_into_wordpieces_and_regex_rows_into_patte
 
 
 def test_collator_resolves_gold_passage_ids_to_block_ids_or_passage_texts(tokenizer):
-    from openrealm.trainers.finetuning import OpenQACollator
+    from openrealm.trainers.openqa import OpenQACollator
 
     collator = OpenQACollator(
         tokenizer, passage_supervision=True, gold_passages={"nq-7": "paris is in france"}, num_blocks=6
@@ -451,7 +451,7 @@ def test_collator_resolves_gold_passage_ids_to_block_ids_or_passage_texts(tokeni
 
 
 def test_passage_supervision_and_regex_rows_train_together(tokenizer):
-    from openrealm.trainers.finetuning import OpenQACollator
+    from openrealm.trainers.openqa import OpenQACollator
 
     model = make_openqa_model(seed=3)
     rows = [
@@ -485,7 +485,7 @@ def test_towers_of_different_architectures_are_refused(world_run):
 
 
 def test_starting_from_towers_without_a_corpus_says_to_pass_one(world_run):
-    from openrealm.trainers.finetuning import load_openqa_model
+    from openrealm.trainers.openqa import load_openqa_model
 
     with pytest.raises(ValueError, match="pass --corpus DIR"):
         load_openqa_model(world_run["pretrained"])

@@ -3,7 +3,7 @@ library's."""
 
 from openrealm import index_realm
 from openrealm.tokenization import corpus, masking
-from openrealm.trainers import demo, embedding, options, pretraining
+from openrealm.trainers import demo_page, embedding, options, pretraining
 from openrealm.trainers.pretraining import refresh
 
 
@@ -12,7 +12,7 @@ def test_the_spelled_out_defaults_equal_the_constants_of_the_modules_that_use_th
     assert options.INDEX_TYPES == index_realm.INDEX_TYPES
     assert options.MAX_BLOCK_LENGTH == corpus.MAX_BLOCK_LENGTH
     assert tuple(embedding.DTYPES) == options.DTYPE_NAMES
-    assert options.DEMO_NUM_RETRIEVED == demo.NUM_RETRIEVED
+    assert options.DEMO_NUM_RETRIEVED == demo_page.NUM_RETRIEVED
 
 
 def test_the_jobs_use_the_option_defaults():
@@ -21,6 +21,6 @@ def test_the_jobs_use_the_option_defaults():
 
 
 def test_the_quickstart_presets_declared_for_help_are_the_jobs_own():
-    from openrealm.trainers import quickstart
+    from openrealm.trainers.quickstart import stages
 
-    assert options.QUICKSTART_PRESETS == tuple(sorted(quickstart.PRESETS))
+    assert options.QUICKSTART_PRESETS == tuple(sorted(stages.PRESETS))

@@ -24,9 +24,14 @@ from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.trainers import cli
 from openrealm.trainers.indexing import build_index
-from openrealm.trainers.preflight import THRESHOLDS, blocks_stating, span_wordpieces, spans_stated_elsewhere
 from openrealm.trainers.pretraining import continuation_pieces, holds_masked_span
 from openrealm.trainers.pretraining.evaluation import held_out_query_blocks
+from openrealm.trainers.pretraining.preflight import (
+    THRESHOLDS,
+    blocks_stating,
+    span_wordpieces,
+    spans_stated_elsewhere,
+)
 from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.towers import load_embedder
 

@@ -1,6 +1,6 @@
-"""The `train pretrain` job end to end (trainers/pretrain.py): the REALM metrics it logs, the towers it saves, its
-options (oracle reader, frozen retriever, initial prior entropy, gradient accumulation, held-out queries) and the
-corpora it refuses or stops on, naming why. The index refresh callback's own tests are in test_refresh.py."""
+"""The `train pretrain` job end to end (trainers/jobs/train_pretrain.py): the REALM metrics it logs, the towers it
+saves, its options (oracle reader, frozen retriever, initial prior entropy, gradient accumulation, held-out queries)
+and the corpora it refuses or stops on, naming why. The index refresh callback's own tests are in test_refresh.py."""
 
 import argparse
 import json
@@ -25,8 +25,9 @@ from transformers import AutoTokenizer, TrainerCallback
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
 from openrealm.tokenization.corpus import load_corpus
-from openrealm.trainers import cli, dropped, pretrain, towers
+from openrealm.trainers import cli, dropped, towers
 from openrealm.trainers.indexing import build_index, list_versions
+from openrealm.trainers.jobs import train_pretrain as pretrain
 from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.stage_utils import parse_config_overrides
 

@@ -14,8 +14,9 @@ from transformers import AutoTokenizer
 
 from openrealm.tokenization.corpus import build_corpus, load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
-from openrealm.trainers import pretrain, towers
+from openrealm.trainers import towers
 from openrealm.trainers.embedding import exact_index
+from openrealm.trainers.jobs import train_pretrain as pretrain
 from openrealm.trainers.options import train_pretrain
 from openrealm.trainers.pretraining import NUM_CANDIDATES, RealmPretrainingModel
 from openrealm.trainers.pretraining.evaluation import (
@@ -25,7 +26,7 @@ from openrealm.trainers.pretraining.evaluation import (
     fixed_masked_queries,
     recall_at_k,
 )
-from openrealm.trainers.pretraining.inputs import initial_index
+from openrealm.trainers.pretraining.preparation import initial_index
 from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.world.synthetic_world import generate_world
 

@@ -32,7 +32,8 @@ STOP_AFTER_SWAP = """
 import sys
 import time
 from transformers import TrainerCallback
-from openrealm.trainers import cli, pretrain
+from openrealm.trainers import cli
+from openrealm.trainers.jobs import train_pretrain as pretrain
 
 class StopAfterSwap(TrainerCallback):
     def __init__(self, refresh):

@@ -13,10 +13,10 @@ from helpers import BLOCK_TEXTS, LOCK_HOLDER, WAIT_SECONDS, RecordingHfApi, make
 from huggingface_hub import ModelCard
 
 from openrealm.hub_cards import realm_model_card
-from openrealm.hub_cards.model_card import REALM_BIBTEX, open_qa_model_card
+from openrealm.hub_cards.model_card import REALM_BIBTEX, openqa_model_card
 from openrealm.trainers.cli import main
-from openrealm.trainers.evaluation import evaluate_open_qa, write_results
-from openrealm.trainers.push import push_open_qa_model
+from openrealm.trainers.evaluation import evaluate_openqa, write_results
+from openrealm.trainers.publishing import push_openqa_model
 
 PUSH_WAIT_SECONDS = 30  # for a push to start waiting for the writer holding the folder's lock
 QUESTIONS = [
@@ -37,7 +37,7 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def results_file(folder, tmp_path_factory):
     model = make_openqa_model(seed=0)
-    results = evaluate_open_qa(model, QUESTIONS, num_blocks=2, recall_ks=(1, 5))
+    results = evaluate_openqa(model, QUESTIONS, num_blocks=2, recall_ks=(1, 5))
     results.update(dataset="qa/test.jsonl", dataset_name="toy-qa", split="test", retrieval="dense")
     return write_results(results, tmp_path_factory.mktemp("eval") / "test.json")
 
@@ -48,7 +48,7 @@ def card_metadata(card_text: str) -> dict:
 
 def test_push_uploads_model_tokenizer_corpus_index_code_and_card(folder, results_file):
     api = RecordingHfApi()
-    url = push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], private=True, api=api)
+    url = push_openqa_model(folder, "me/realm-toy", eval_results=[results_file], private=True, api=api)
     assert url == "https://huggingface.co/me/realm-toy/commit/0" and api.repos == [("me/realm-toy", True)]
     uploaded = api.uploads["me/realm-toy"]
     assert {
@@ -70,7 +70,7 @@ def test_hidden_temporaries_and_checkpoints_are_not_uploaded(folder, results_fil
     (folder / "checkpoint-5" / "optimizer.pt").write_bytes(b"state")
     api = RecordingHfApi()
     try:
-        push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
+        push_openqa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
     finally:
         (folder / ".README.md-abc123").unlink()
         (folder / "checkpoint-5" / "optimizer.pt").unlink()
@@ -81,7 +81,7 @@ def test_hidden_temporaries_and_checkpoints_are_not_uploaded(folder, results_fil
 
 def test_card_model_index_holds_the_evaluation_results(folder, results_file):
     api = RecordingHfApi()
-    push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
+    push_openqa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
     results = json.loads(results_file.read_text())
     metadata = card_metadata(api.uploads["me/realm-toy"]["README.md"].decode())
     (entry,) = metadata["model-index"]
@@ -104,7 +104,7 @@ def test_card_names_the_corpus_and_cites_realm(tmp_path):
     corpus.mkdir()
     (corpus / "corpus_config.json").write_text(json.dumps({"num_blocks": 4667, "num_articles": 2515}))
     summary = {"max_steps": 300, "learning_rate": 1e-5, "batch_size": 16, "train": "webquestions/train.jsonl"}
-    card = open_qa_model_card([], model_name="me/realm", training_summary=summary, corpus=str(corpus))
+    card = openqa_model_card([], model_name="me/realm", training_summary=summary, corpus=str(corpus))
     text = str(card)
     for line in (
         "knowledge corpus: `wiki-blocks`",
@@ -123,7 +123,7 @@ def test_card_results_table_has_one_row_per_evaluation():
         {"dataset_name": "nq_open", "split": "dev", "exact_match": 40.0, "recall@5": 60.0, "count": 10},
         {"dataset_name": "curatedtrec", "split": "test", "exact_match": 20.5, "recall@5": 30.25, "match": "regex"},
     ]
-    card = ModelCard(str(open_qa_model_card(evaluations, model_name="me/realm")))
+    card = ModelCard(str(openqa_model_card(evaluations, model_name="me/realm")))
     assert "| nq_open | dev | 10 | unknown | dense | 40.00 | 60.00 | unknown |" in card.text
     assert "| curatedtrec | test | unknown | unknown | dense | 20.50 | 30.25 | unknown |" in card.text
     assert {result.dataset_name for result in card.data.eval_results} == {"nq_open", "curatedtrec"}
@@ -150,7 +150,7 @@ def test_an_incomplete_folder_is_refused_before_any_upload(folder, tmp_path):
     partial.mkdir()
     (partial / "config.json").write_text((folder / "config.json").read_text())
     with pytest.raises(FileNotFoundError, match="model.safetensors.*block_records.safetensors.*block_index"):
-        push_open_qa_model(partial, "me/x", api=api)
+        push_openqa_model(partial, "me/x", api=api)
     assert api.repos == [] and api.uploads == {}
 
 
@@ -158,7 +158,7 @@ def test_results_without_exact_match_are_refused(folder, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"recall@5": 1.0}))
     with pytest.raises(ValueError, match="exact_match"):
-        push_open_qa_model(folder, "me/x", eval_results=[bad], api=RecordingHfApi())
+        push_openqa_model(folder, "me/x", eval_results=[bad], api=RecordingHfApi())
 
 
 def test_push_with_demo_uploads_a_space_ready_app_and_a_card_that_explains_it(folder, results_file, monkeypatch):
@@ -180,7 +180,7 @@ def test_push_with_demo_uploads_a_space_ready_app_and_a_card_that_explains_it(fo
 
 def test_push_without_demo_uploads_no_app(folder, results_file):
     api = RecordingHfApi()
-    push_open_qa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
+    push_openqa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
     uploaded = api.uploads["me/realm-toy"]
     assert "app.py" not in uploaded and "## Demo" not in uploaded["README.md"].decode()
 
@@ -191,7 +191,7 @@ def test_without_eval_results_the_card_keeps_the_folders_own_dev_results_and_tra
     (folder / "openqa_training.json").write_text(json.dumps({"max_steps": 123, "train": "toy-train"}))
     api = RecordingHfApi()
     try:
-        push_open_qa_model(folder, "me/realm-toy", api=api)
+        push_openqa_model(folder, "me/realm-toy", api=api)
     finally:
         (folder / "dev_results.json").unlink()
         (folder / "openqa_training.json").unlink()
@@ -210,7 +210,7 @@ def test_push_waits_for_a_writer_of_the_folder_and_uploads_the_version_it_wrote(
     api, pushed = RecordingHfApi(), threading.Event()
 
     def push() -> None:
-        push_open_qa_model(folder, "me/realm-waits", api=api)
+        push_openqa_model(folder, "me/realm-waits", api=api)
         pushed.set()
 
     pushing = threading.Thread(target=push)

@@ -14,8 +14,8 @@ import pytest
 from transformers import pipeline
 
 import openrealm  # noqa: F401 - registers the question-answering pipeline
-from openrealm.trainers.quickstart import PRETRAINING_STAGE
-from openrealm.trainers.quickstart_report import CLAIMS, table2_claims
+from openrealm.trainers.quickstart.report import CLAIMS, table2_claims
+from openrealm.trainers.quickstart.stages import PRETRAINING_STAGE
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,11 @@
 """The quickstart's report and results.json "claims": the paper's Table 2 and Figure 4 orderings, checked on a run's
-numbers (trainers/quickstart_report.py). Fast: hand-made results, no training."""
+numbers (trainers/quickstart/report.py). Fast: hand-made results, no training."""
 
 import copy
 
 import pytest
 
-from openrealm.trainers.quickstart_report import ABLATIONS, CLAIMS, table2_claims, write_report
+from openrealm.trainers.quickstart.report import ABLATIONS, CLAIMS, table2_claims, write_report
 
 
 def results_with(recall: dict[str, float], exact_match: dict[str, float], curve_recall, curve_utility) -> dict:

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer, pipeline
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever
 from openrealm.index_realm import weights_fingerprint
 from openrealm.trainers.cli import main
-from openrealm.trainers.demo import load_question_answerer
+from openrealm.trainers.demo_page import load_question_answerer
 
 DOCUMENTS = {
     "paris.md": "# Paris\n\nparis is the capital city of france .\n",

@@ -29,7 +29,7 @@ import openrealm
 from openrealm import RealmRetriever, file_utils
 from openrealm.file_utils import atomic_directory, write_text_atomic
 from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
-from openrealm.trainers import corpus_edit, indexing
+from openrealm.trainers import indexing, living_corpus
 from openrealm.trainers.cli import main
 from openrealm.trainers.indexing import build_index
 
@@ -44,7 +44,7 @@ def corpus(tmp_path) -> Path:
     return folder
 
 
-def race(monkeypatch, waiting, first, second, held=corpus_edit) -> dict:
+def race(monkeypatch, waiting, first, second, held=living_corpus) -> dict:
     """first() in one thread, held inside its embedding of blocks (`held.embed_corpus`: it has read the corpus), while
     second() runs in another; the first goes on once the second has finished or is waiting for it. Returns
     {"first": its result, "second": its result} (the exception where one raised)."""
@@ -81,7 +81,7 @@ def race(monkeypatch, waiting, first, second, held=corpus_edit) -> dict:
 
 def edit(corpus, **kwargs):
     """A corpus edit to race: edit_corpus(corpus, **kwargs) when called."""
-    return lambda: corpus_edit.edit_corpus(corpus, progress=False, **kwargs)
+    return lambda: living_corpus.edit_corpus(corpus, progress=False, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -345,7 +345,7 @@ def test_world_refuses_a_tokenizer_output_that_would_replace_the_world(tmp_path,
 
 
 def test_quickstart_overwrite_refuses_a_folder_of_other_files_and_leaves_it_intact(tmp_path, monkeypatch):
-    from openrealm.trainers import quickstart
+    from openrealm.trainers.quickstart import stages as quickstart
 
     monkeypatch.setattr(quickstart, "share_cpu_cores", lambda: pytest.fail("the quickstart started"))
     (tmp_path / "results.json").write_text("{}")
@@ -356,7 +356,7 @@ def test_quickstart_overwrite_refuses_a_folder_of_other_files_and_leaves_it_inta
 
 
 def test_quickstart_overwrite_replaces_an_interrupted_run(tmp_path, monkeypatch):
-    from openrealm.trainers import quickstart
+    from openrealm.trainers.quickstart import stages as quickstart
 
     class Started(Exception):
         pass
@@ -376,7 +376,7 @@ def test_quickstart_overwrite_replaces_an_interrupted_run(tmp_path, monkeypatch)
 
 
 def test_quickstart_overwrite_refuses_the_working_directory_and_leaves_it_intact(tmp_path, monkeypatch):
-    from openrealm.trainers import quickstart
+    from openrealm.trainers.quickstart import stages as quickstart
 
     monkeypatch.setattr(quickstart, "share_cpu_cores", lambda: pytest.fail("the quickstart started"))
     (tmp_path / "notes.txt").write_text("my work")

@@ -14,7 +14,6 @@ import argparse
 import builtins
 import functools
 import importlib
-import json
 import os
 import pickle
 import re
@@ -26,69 +25,73 @@ EXIT_STATUS = "exit status: 0 done; 1 failed (e.g. weights missing, a model not 
 # the job's options).
 JOBS = {
     ("quickstart", None): (
-        "openrealm.trainers.quickstart",
+        "openrealm.trainers.jobs.quickstart",
         "the whole REALM lifecycle on a generated world of fictional entities (8-10 min on 2 CPU cores)",
         "quickstart",
     ),
     ("world", None): (
-        "openrealm.trainers.world.generate",
+        "openrealm.trainers.jobs.world",
         "generate the synthetic world of fictional entities",
         "world",
     ),
     ("corpus", "build"): (
-        "openrealm.trainers.corpus_build",
+        "openrealm.trainers.jobs.corpus_build",
         "build a knowledge corpus of blocks from articles or passages (JSONL, Parquet, CSV/TSV, datasets, the Hub)",
         "corpus_build",
     ),
     ("corpus", "add"): (
-        "openrealm.trainers.corpus_edit",
+        "openrealm.trainers.jobs.corpus_edit",
         "add articles to a corpus and its index (a new version)",
         "corpus_add",
     ),
     ("corpus", "remove"): (
-        "openrealm.trainers.corpus_edit",
+        "openrealm.trainers.jobs.corpus_edit",
         "remove blocks by title or id (never retrieved again)",
         "corpus_remove",
     ),
     ("corpus", "update"): (
-        "openrealm.trainers.corpus_edit",
+        "openrealm.trainers.jobs.corpus_edit",
         "replace the blocks of articles with new versions of them",
         "corpus_update",
     ),
-    ("train", "ict"): ("openrealm.trainers.ict", "ICT warm start of the retriever (Inverse Cloze Task)", "train_ict"),
+    ("train", "ict"): (
+        "openrealm.trainers.jobs.train_ict",
+        "ICT warm start of the retriever (Inverse Cloze Task)",
+        "train_ict",
+    ),
     ("train", "mlm"): (
-        "openrealm.trainers.masked_lm",
+        "openrealm.trainers.jobs.train_mlm",
         "masked-LM training of the encoder on the corpus (BERT's objective; a checkpoint without an MLM head needs "
         "it)",
         "train_mlm",
     ),
     ("train", "pretrain"): (
-        "openrealm.trainers.pretrain",
+        "openrealm.trainers.jobs.train_pretrain",
         "REALM pre-training with an index refreshed while it trains (1 CPU or N GPUs)",
         "train_pretrain",
     ),
     ("train", "openqa"): (
-        "openrealm.trainers.openqa",
+        "openrealm.trainers.jobs.train_openqa",
         "open-QA fine-tuning of RealmForOpenQA (ORQA losses, REALM++ options)",
         "train_openqa",
     ),
     ("index", "build"): (
-        "openrealm.trainers.index_builder",
+        "openrealm.trainers.jobs.index_build",
         "embed every block of a corpus and write a MIPS index",
         "index_build",
     ),
     ("evaluate", None): (
-        "openrealm.trainers.evaluate",
+        "openrealm.trainers.jobs.evaluate",
         "evaluate an open-QA model: exact match, recall@k, reader-oracle (results JSON)",
         "evaluate",
     ),
     ("demo", None): (
-        "openrealm.trainers.demo",
+        "openrealm.trainers.jobs.demo",
         "a local web page that answers questions and shows the block each answer came from (Gradio)",
         "demo",
     ),
     ("push", None): (
-        "openrealm.trainers.push",
+        "openrealm.trainers.jobs.push",
         "upload an open-QA model folder to the Hub with a model card holding its evaluation results",
         "push",
     ),
@@ -173,7 +176,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ask.add_argument("--num-blocks", type=int, default=None, help="blocks read per question (default: config)")
     ask.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     importlib.import_module("openrealm.trainers.options").user_corpus_options(ask)
-    ask.set_defaults(handler=run_ask)
+    ask.set_defaults(handler=functools.partial(run_job, "openrealm.trainers.jobs.ask"))
 
     add_jobs(commands, selected_job(sys.argv[1:] if argv is None else argv))
     return parser
@@ -186,47 +189,6 @@ def run_convert(args: argparse.Namespace) -> int:
         args.source, args.destination, index_type=args.index_type, overwrite=args.overwrite
     )
     print(f"Converted {args.source} -> {destination}")
-    return 0
-
-
-def run_ask(args: argparse.Namespace) -> int:
-    from openrealm.pipeline_realm import question_answerer
-    from openrealm.tokenization.jsonl import iter_lines
-
-    stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes where it can: a line that is not UTF-8 is named
-    questions = args.question or [line.strip() for _, line in iter_lines(stdin, "stdin") if line.strip()]
-    if not questions:
-        raise ValueError("no question given: pass one, or pipe them on stdin, one per line")
-    if args.corpus is not None:
-        from openrealm.trainers.towers import check_model_folder
-
-        check_model_folder(args.corpus, "--corpus")
-        if not os.path.isdir(args.corpus) and args.corpus.count("/") != 1:  # neither a folder nor owner/name
-            raise FileNotFoundError(f"--corpus {args.corpus}: no such folder")
-        if args.index is not None and not os.path.exists(args.index):
-            raise FileNotFoundError(f"--index {args.index}: no such folder")
-    elif args.index is not None:
-        raise ValueError("--index is the index of a corpus: give --corpus too")
-    qa = question_answerer(args.model, corpus=args.corpus, index=args.index)
-    results = qa(questions, top_k=args.top_k, num_blocks=args.num_blocks)
-    for question, answers in zip(questions, results):
-        answers = answers if isinstance(answers, list) else [answers]
-        if args.json:
-            print(json.dumps({"question": question, "answers": answers}, ensure_ascii=False))
-            continue
-        print(f"Q: {printable(question)}")
-        for answer in answers:  # text of the corpus, which may come from anyone's Hub repo
-            print(f"  A: {printable(answer['answer'])}  (score {answer['score']:.3f})")
-            passage = ""
-            if answer.get("passage_id") is not None:
-                passage = f" (passage {printable(answer['passage_id'])})"
-            elif answer.get("path") is not None:  # a corpus built from a folder of documents
-                passage = f" (document {printable(answer['path'])})"
-            print(
-                f"     block {answer['block_id']}{passage} [{printable(answer['title'])}] retrieval score "
-                f"{answer['retrieval_score']:.3f}"
-            )
-            print(f"     {printable(answer['text'][:300])}")
     return 0
 
 

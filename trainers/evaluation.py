@@ -1,6 +1,6 @@
 """Open-domain QA evaluation as in ORQA / REALM (language/orqa/utils/eval_utils.py): exact match after answer
 normalisation (regex match for CuratedTrec), retrieval recall@k, reader-oracle; QA datasets from JSONL or the Hub.
-The `openrealm evaluate` job is trainers/evaluate.py.
+The `openrealm evaluate` job is trainers/jobs/evaluate.py.
 
 Scores are percentages (0-100), as the papers report them.
 """
@@ -79,7 +79,7 @@ def has_answer(text: str, answers: Sequence[str], match: str = "string") -> bool
     return False
 
 
-def load_open_qa_metric(**kwargs):
+def load_openqa_metric(**kwargs):
     """The `evaluate` metric shipped with openrealm: `compute(predictions=[str], references=[[str]], regex=False)`
     -> {"exact_match": percent}."""
     import evaluate
@@ -271,7 +271,7 @@ def passage_ids_of(records, block_ids: list[int], predicted_block_id: int) -> di
     return {"passage_ids": passage_ids[:-1], "predicted_passage_id": passage_ids[-1]}
 
 
-def evaluate_open_qa(
+def evaluate_openqa(
     model,
     dataset,
     *,
@@ -389,10 +389,10 @@ def read_results(path: str | os.PathLike) -> dict:
 
 __all__ = [
     "METRIC_SCRIPT",
-    "evaluate_open_qa",
+    "evaluate_openqa",
     "exact_match",
     "has_answer",
-    "load_open_qa_metric",
+    "load_openqa_metric",
     "load_qa_dataset",
     "normalize_answer",
     "read_results",

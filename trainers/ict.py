@@ -20,7 +20,6 @@ loss, retrieval evaluation and job, none of which another stage uses (docs/ict.m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,20 +35,14 @@ from openrealm import RealmConfig, RealmEmbedder, RealmPreTrainedModel
 from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
-    resolve_resume,
 )
-from openrealm.trainers.dropped import check_dropped
 from openrealm.trainers.embedding import embed_corpus, embed_queries, exact_index
-from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE, MAX_DROPPED_SHARE
+from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.stage_utils import (
     google_warmup_steps,
-    holding_output,
-    leave_process_group,
-    parse_config_overrides,
-    prepare_output,
 )
-from openrealm.trainers.towers import check_tokenizer, fit_length, freeze_unused_mlm_head, load_embedder, save_tower
+from openrealm.trainers.towers import freeze_unused_mlm_head
 
 # Google's ORQA ICT defaults (orqa/experiments/ict_experiment.py, orqa/datasets/ict_dataset.py).
 QUERY_SEQ_LEN = 64
@@ -545,60 +538,6 @@ def training_summary(args: argparse.Namespace, trainer, train_loss: float) -> di
     }
 
 
-@holding_output
-def run(args: argparse.Namespace) -> int:
-    """`openrealm train ict`: train, save the embedder in args.output, optionally evaluate and push."""
-    from transformers import AutoTokenizer
-
-    inputs = [("--corpus", args.corpus), ("--init", args.init), ("--tokenizer", args.tokenizer)]
-    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
-    blocks = load_blocks(args.corpus).select_columns(list(CORPUS_COLUMNS))
-    # Before the model loads: a corpus of one-sentence blocks trains (nearly) nothing at Google's mask rate.
-    refusal, warning = check_dropped(
-        *expected_dropped(blocks, args.mask_rate),
-        getattr(args, "max_dropped_share", MAX_DROPPED_SHARE),
-        "examples an epoch",
-    )
-    if refusal is not None:
-        raise ValueError(refusal)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
-    embedder = load_embedder(args.init, tokenizer, parse_config_overrides(args.config_overrides), args.seed, "--init")
-    check_tokenizer(embedder, tokenizer, args.init, "--init")
-    for name, default in (("query_seq_len", QUERY_SEQ_LEN), ("block_seq_len", BLOCK_SEQ_LEN)):
-        chosen = getattr(args, name)
-        setting = "--" + name.replace("_", "-")
-        setattr(
-            args, name, fit_length(embedder, chosen or default, f"--init {args.init}", setting, chosen is not None)
-        )
-    trainer = build_trainer(args, embedder, tokenizer, blocks)
-    resume = resolve_resume(args.resume_from_checkpoint, args.output)
-    result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
-    if trainer.is_world_process_zero():
-        summary = training_summary(args, trainer, result.training_loss)
-        embedder = trainer.accelerator.unwrap_model(trainer.model).embedder
-        if args.eval_queries:
-            summary["retrieval"] = evaluate_retrieval(
-                embedder,
-                blocks,
-                tokenizer,
-                args.eval_queries,
-                k=5,
-                seed=args.seed,
-                query_seq_len=args.query_seq_len,
-                block_seq_len=args.block_seq_len,
-            )
-        save_tower(embedder, args.output, tokenizer, {"ict_training.json": json.dumps(summary, indent=2) + "\n"})
-        print(
-            f"ICT: saved the RealmEmbedder to {args.output} ({summary_line(trainer, summary)})"
-            + (f"; warning: {warning}" if warning else "")
-        )
-        if args.push_to_hub:
-            embedder.push_to_hub(args.push_to_hub)
-            tokenizer.push_to_hub(args.push_to_hub)
-    leave_process_group(trainer.accelerator.state)  # Trainer logs through callbacks: no accelerate trackers
-    return 0
-
-
 __all__ = [
     "QUERY_SEQ_LEN",
     "compute_ict_metrics",
@@ -609,6 +548,5 @@ __all__ = [
     "in_batch_softmax_loss",
     "pad_rows",
     "query_input_ids",
-    "run",
     "sample_sentence_queries",
 ]

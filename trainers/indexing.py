@@ -1,5 +1,5 @@
 """Embed every block of a knowledge corpus and write a versioned MIPS index: the machinery of `openrealm index build`
-(trainers/index_builder.py) and of the pre-training refresh.
+(trainers/jobs/index_build.py) and of the pre-training refresh.
 
     openrealm index build --embedder MODEL --corpus DIR --output DIR [--index-type exact|flat|ivf|hnsw|ivfpq|pq]
     accelerate launch -m openrealm index build ...          # each process embeds a contiguous share of the blocks

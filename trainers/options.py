@@ -19,7 +19,7 @@ EMBEDDING_DROPOUT = 0.1  # dropout on the projected retrieval embedding while tr
 PRETRAIN_LEARNING_RATE = 3e-5  # Google's --learning_rate default
 NUM_CANDIDATES = 8  # K retrieved blocks per query, the null document included
 REFRESH_MODES = ("async", "sync", "off")
-PREFLIGHT_STEPS = 300  # steps of `train pretrain --preflight`'s oracle-reader run (trainers/preflight.py)
+PREFLIGHT_STEPS = 300  # steps of `train pretrain --preflight`'s oracle-reader run (trainers/pretraining/preflight.py)
 MASKING_STRATEGIES = ("salient", "random_token", "random_span")  # = tokenization.masking.STRATEGIES
 # train openqa (ORQA / REALM++)
 SEARCHER_BEAM_SIZE = 5000  # ORQA: blocks scored by the retriever loss
@@ -30,7 +30,7 @@ MIN_PASSAGE_OVERLAP = 0.5  # REALM++: a retrieved block with >= 50% of the gold 
 # what `train openqa` writes beside the model, and `push` and the quickstart read back for the model card
 OPENQA_SUMMARY_NAME = "openqa_training.json"
 OPENQA_DEV_RESULTS_NAME = "dev_results.json"
-# quickstart (QUICKSTART_PRESETS = sorted(trainers/quickstart.py: PRESETS))
+# quickstart (QUICKSTART_PRESETS = sorted(trainers/quickstart/stages.py: PRESETS))
 QUICKSTART_OUTPUT = "realm-quickstart"
 QUICKSTART_PRESETS = ("default", "small")
 # evaluate

@@ -1,4 +1,5 @@
-"""REALM pre-training's machinery, one file per role; the `train pretrain` job that wires it is trainers/pretrain.py.
+"""REALM pre-training's machinery, one file per role; the `train pretrain` job that wires it is
+trainers/jobs/train_pretrain.py.
 
 examples.py    masked queries -> top-K candidates from the current index, null document first
 model.py       RealmPretrainingModel: the marginal masked-LM likelihood that trains the retriever
@@ -7,7 +8,8 @@ refresh.py     IndexRefreshCallback: the index refresh (async, sync, off) and th
 builder.py     the async builder process, both ends of it
 evaluation.py  Figure 4: retrieval utility and recall@k on fixed masked queries
 retriever_bound.py  the ceiling of REALM's signal: its retriever objective with a perfect reader over every block
-inputs.py      the checks and preparations before training (corpus, lengths, index version 0)
+preparation.py the checks and preparations before training (corpus, lengths, index version 0)
+preflight.py   `train pretrain --preflight`: does the signal train the retriever here, before a long run
 """
 
 from openrealm.trainers.options import NUM_CANDIDATES

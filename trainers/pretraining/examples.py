@@ -160,7 +160,7 @@ class RealmPretrainingExamples:
     def with_candidates(self, queries: Mapping[str, Any], candidate_block_ids: Sequence[Sequence[int]]) -> dict:
         """`__call__`'s batch for every query, with the K candidates given (block ids, NULL_BLOCK_ID for the null
         document) instead of the index's top K: e.g. a block known to hold the masked span beside others, to score the
-        reader apart from the retriever (trainers/preflight.py). Counters are not updated."""
+        reader apart from the retriever (trainers/pretraining/preflight.py). Counters are not updated."""
         candidates = [list(map(int, ids)) for ids in candidate_block_ids]
         if len(candidates) != len(queries["uid"]) or any(len(ids) != self.num_candidates for ids in candidates):
             raise ValueError(

@@ -1,6 +1,6 @@
 """The Trainer side of REALM pre-training: the collator (masked queries -> REALM examples), `RealmPretrainingTrainer`
 (REALM's metrics in the logs, checkpoints that carry the index in use), the retriever freeze and initial-prior
-callbacks, and the per-rank record of index versions. `trainers/pretrain.py` wires them into the job."""
+callbacks, and the per-rank record of index versions. `trainers/jobs/train_pretrain.py` wires them into the job."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from openrealm.trainers.checkpoints import StagedCheckpointTrainer
 from openrealm.trainers.dropped import DroppedExamplesGuard
 from openrealm.trainers.indexing import load_index
 from openrealm.trainers.pretraining.examples import RealmPretrainingExamples, batch_on
-from openrealm.trainers.pretraining.inputs import RUN_COUNTERS, dropped_examples
 from openrealm.trainers.pretraining.model import (
     RealmPretrainingModel,
     mean_entropy,
     scale_retrieval_embeddings,
     sharpness_for_entropy,
 )
+from openrealm.trainers.pretraining.preparation import RUN_COUNTERS, dropped_examples
 from openrealm.trainers.pretraining.refresh import IndexRefreshCallback
 from openrealm.trainers.stage_utils import eval_mode
 from openrealm.trainers.towers import scorer_from_embedder

@@ -1,6 +1,6 @@
 """Open-domain QA exact match as ORQA and REALM score it, as an `evaluate` metric.
 
-Load it with `openrealm.trainers.evaluation.load_open_qa_metric()` (or `evaluate.load(<path of this file>)`).
+Load it with `openrealm.trainers.evaluation.load_openqa_metric()` (or `evaluate.load(<path of this file>)`).
 """
 
 import datasets
@@ -23,7 +23,7 @@ Args:
 Returns:
     exact_match: percentage (0-100) of predictions matching one of their references.
 Examples:
-    >>> metric = load_open_qa_metric()
+    >>> metric = load_openqa_metric()
     >>> metric.compute(predictions=["The Nile"], references=[["nile", "amazon"]])
     {'exact_match': 100.0}
 """

@@ -1,4 +1,5 @@
-"""Change a knowledge corpus without re-embedding it: `openrealm corpus add | remove | update`.
+"""Change a knowledge corpus without re-embedding it: the machinery of `openrealm corpus add | remove | update`
+(trainers/jobs/corpus_edit.py).
 
 New blocks are split as the corpus was and embedded with the embedder snapshot stored in the index; removed blocks
 keep their rows (every other id, and the provenance of past answers, stays valid) and are never retrieved again. Each
@@ -9,12 +10,10 @@ docs/guarantees.md.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,13 +34,10 @@ from openrealm.tokenization.corpus import (
     block_columns,
     count_duplicate_blocks,
     drop_duplicate_blocks,
-    duplicates_note,
-    duplicates_warning,
     keeps_ids,
     load_articles,
     load_corpus,
     pack_articles,
-    passages_cut_note,
     read_corpus_config,
     read_removed_block_ids,
     write_removed_block_ids,
@@ -311,61 +307,6 @@ def _write_corpus_files(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> int:
-    """`openrealm corpus add | remove | update`: write the next version and print what changed."""
-    command = args.corpus_command
-    kwargs = {}
-    if command in ("add", "update"):
-        span_annotator = None
-        if args.spans != "none":
-            from openrealm.tokenization.salient_spans import make_span_annotator
-
-            span_annotator = make_span_annotator(args.spans)
-        kwargs = dict(
-            add=args.input if len(args.input) > 1 else args.input[0],
-            replace=command == "update",
-            embedder=args.embedder,
-            span_annotator=span_annotator,
-            batch_size=args.batch_size,
-            device=args.device,
-            progress=not args.quiet,
-            deduplicate=args.deduplicate,
-            input_options=InputOptions.from_args(args),
-        )
-    else:
-        kwargs = dict(remove_titles=args.titles or (), remove_ids=args.ids or ())
-    summary = edit_corpus(args.corpus, **kwargs)
-    parts = []
-    if "added_block_ids" in summary:
-        first, stop = summary["added_block_ids"]
-        parts.append(f"added blocks {first}..{stop - 1}")
-    if summary["removed_block_ids"]:
-        parts.append(f"removed {len(summary['removed_block_ids'])} block(s)")
-    print(
-        f"{summary['folder']}: {', '.join(parts)}; {summary['num_blocks']} blocks"
-        + (
-            f", {summary['num_searchable']} searchable (index version {summary['index_version']})"
-            if summary["index_version"] is not None
-            else " (no index yet)"
-        )
-        + duplicates_note(summary.get("num_duplicates", 0) if summary.get("duplicates_dropped") else 0)
-        + passages_cut_note(summary.get("num_passages_cut", 0), summary.get("max_block_length", MAX_BLOCK_LENGTH))
-    )
-    if summary.get("num_duplicates") and not summary["duplicates_dropped"]:  # kept: --no-deduplicate
-        held = summary.get("num_duplicate_blocks", summary["num_duplicates"])  # a corpus folder's count: all live
-        print(
-            f"openrealm corpus {command}: warning: {duplicates_warning(held, summary['num_blocks'])}", file=sys.stderr
-        )
-    if summary["needs_rebuild"]:
-        print(
-            f"openrealm corpus {command}: warning: the approximate index changed by {summary['drift']:.0%} since it "
-            "was trained; recall may drop until it is rebuilt (openrealm index build)",
-            file=sys.stderr,
-        )
-    return 0
-
-
 __all__ = [
     "edit_corpus",
-    "run",
 ]

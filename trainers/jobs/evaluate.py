@@ -1,5 +1,5 @@
 """The `openrealm evaluate` job: evaluate an open-QA model on a QA dataset and write the results JSON
-(trainers/evaluation.py holds the metrics, the dataset loading and evaluate_open_qa).
+(trainers/evaluation.py holds the metrics, the dataset loading and evaluate_openqa).
 
     openrealm evaluate --model MODEL --dataset FILE_OR_NAME --output FILE.json [--num-blocks N] [--limit N]
                        [--batch-size B] [--retrieval dense|bm25] [--split SPLIT]
@@ -16,7 +16,7 @@ import torch
 from openrealm.file_utils import check_apart
 from openrealm.trainers.evaluation import (
     dataset_identity,
-    evaluate_open_qa,
+    evaluate_openqa,
     load_qa_dataset,
     local_dataset_file,
     write_results,
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         from openrealm.trainers.bm25 import Bm25BlockSearcher
 
         searcher = Bm25BlockSearcher.from_retriever(model.retriever)
-    results = evaluate_open_qa(
+    results = evaluate_openqa(
         model,
         dataset,
         batch_size=args.batch_size,

@@ -308,8 +308,8 @@ def oracle_args(args: argparse.Namespace, index: Path, output: Path, hold_out: i
 
 
 def oracle_recall(oracle: argparse.Namespace, tokenizer, blocks, queries) -> float:
-    """Run the oracle control (`oracle_args`, through trainers/pretrain.py's run) and return the held-out recall@5 of
-    the embedder it saved, over a fresh exact index of every block."""
+    """Run the oracle control (`oracle_args`, through trainers/jobs/train_pretrain.py's run) and return the held-out
+    recall@5 of the embedder it saved, over a fresh exact index of every block."""
     from openrealm.trainers.cli import JOBS, run_job
 
     run_job(JOBS[("train", "pretrain")][0], oracle)
@@ -416,7 +416,7 @@ def _f(value: float | None) -> str:
 def default_hold_out(blocks) -> int:
     """Held-out query blocks when --hold-out-queries is not given: a fifth of the blocks with a salient span, at
     least 1 and at most MAX_HELD_OUT_BLOCKS."""
-    from openrealm.trainers.pretraining.inputs import count_blocks_with_spans
+    from openrealm.trainers.pretraining.preparation import count_blocks_with_spans
 
     return min(MAX_HELD_OUT_BLOCKS, max(1, count_blocks_with_spans(blocks) // 5))
 
@@ -437,11 +437,16 @@ def check_preflight_args(args: argparse.Namespace) -> None:
 
 def run_preflight(args: argparse.Namespace) -> int:
     """`openrealm train pretrain ... --preflight`: measure (a)-(d) and the oracle gain, print a short report and
-    write OUTPUT/preflight.json. Returns 0 whatever the verdict (called by trainers/pretrain.py's run, which holds
-    OUTPUT's writer lock)."""
+    write OUTPUT/preflight.json. Returns 0 whatever the verdict (called by trainers/jobs/train_pretrain.py's run, which
+    holds OUTPUT's writer lock)."""
     from transformers import AutoTokenizer
 
-    from openrealm.trainers.pretraining.inputs import check_corpus, fit_sequence_lengths, initial_index, run_inputs
+    from openrealm.trainers.pretraining.preparation import (
+        check_corpus,
+        fit_sequence_lengths,
+        initial_index,
+        run_inputs,
+    )
 
     check_preflight_args(args)
     output = Path(args.output)

@@ -1,5 +1,5 @@
-"""`openrealm demo --model DIR_OR_REPO`: a local web page (Gradio) that answers questions with a RealmForOpenQA model
-and shows where each answer came from.
+"""The demo page of `openrealm demo` (trainers/jobs/demo.py): a local web page (Gradio) that answers questions with a
+RealmForOpenQA model and shows where each answer came from.
 
     openrealm demo --model realm-quickstart            # the quickstart's output: its REALM model, its test questions
     openrealm demo --model owner/realm-nq [--port 7860] [--host 0.0.0.0] [--share] [--example "who wrote hamlet?"]
@@ -15,11 +15,9 @@ where the model runs as the checkpoint's own custom code (`trust_remote_code`) w
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import os
-import sys
 from pathlib import Path
 
 MAX_ANSWERS = 10  # top-k slider's upper end
@@ -188,31 +186,6 @@ def build_demo(qa, *, examples: list[str] | tuple[str, ...] = (), num_retrieved:
     return demo
 
 
-def run(args: argparse.Namespace) -> int:
-    """`openrealm demo`: load the model, then serve the page until interrupted."""
-    try:
-        import gradio  # noqa: F401
-    except ImportError:
-        print('openrealm: error: the demo needs Gradio: pip install "openrealm[demo]"', file=sys.stderr)
-        return 1
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    model, examples = resolve_model(args.model)
-    qa = load_question_answerer(model, device=args.device, corpus=args.corpus, index=args.index)
-    demo = build_demo(qa, examples=[*examples, *(args.example or [])], num_retrieved=args.num_retrieved)
-    demo.queue()
-    _, local_url, share_url = demo.launch(
-        server_name=args.host, server_port=args.port, share=args.share, quiet=True, prevent_thread_lock=True
-    )
-    print(f"Demo of {model} at {share_url or local_url} (Ctrl+C to stop)", flush=True)
-    try:
-        demo.block_thread()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        demo.close()
-    return 0
-
-
 __all__ = [
     "MARK_STYLE",
     "NUM_EXAMPLES",
@@ -224,5 +197,4 @@ __all__ = [
     "highlight",
     "load_question_answerer",
     "resolve_model",
-    "run",
 ]

@@ -1,16 +1,16 @@
-"""The whole REALM lifecycle on a generated world, end to end: `openrealm quickstart` (the README's first command).
+"""The stages of `openrealm quickstart` (trainers/jobs/quickstart.py): the whole REALM lifecycle on a generated world,
+end to end.
 
     openrealm quickstart [--output realm-quickstart] [--seed 0] [--preset default|small] [--overwrite]
 
 A seeded world of fictional entities (no pretrained model can know its facts) becomes a knowledge corpus; a WordPiece
 vocabulary, ICT, the reading warm-up (the world's stand-in for BERT), REALM pre-training with its Table 2 ablations,
 open-QA fine-tuning and evaluation on held-out entities follow, each with the code a user runs on Wikipedia; the report
-and its figures are trainers/quickstart_report.py. What it writes and what it shows: docs/quickstart.md.
+and its figures are trainers/quickstart/report.py. What it writes and what it shows: docs/quickstart.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import fnmatch
 import json
@@ -25,7 +25,7 @@ from pathlib import Path
 from openrealm.file_utils import check_replaceable
 from openrealm.tokenization.jsonl import read_jsonl
 from openrealm.trainers import cli, options
-from openrealm.trainers.quickstart_report import (
+from openrealm.trainers.quickstart.report import (
     ABLATIONS,
     plot_comparison,
     plot_pretraining,
@@ -319,7 +319,7 @@ class Stages:
 
     def finetune(self, name: str, embedder: Path, encoder: Path | str) -> Path:
         """Open-QA fine-tuning on the world's training questions; dev questions evaluated before and after."""
-        from openrealm.trainers.finetuning import finetune_openqa, openqa_model_from_pretraining
+        from openrealm.trainers.openqa import finetune_openqa, openqa_model_from_pretraining
 
         preset = self.preset
         output = self.path(f"{name}-openqa")
@@ -347,12 +347,12 @@ class Stages:
     def zero_shot_recall(self, embedder: Path, encoder: Path, k: int = 5) -> float:
         """Table 2's zero-shot retrieval recall@k (%): the pre-trained embedder as the question encoder, before any
         fine-tuning; a test question counts when one of its top-k blocks holds an answer."""
-        from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset
-        from openrealm.trainers.finetuning import openqa_model_from_pretraining
+        from openrealm.trainers.evaluation import evaluate_openqa, load_qa_dataset
+        from openrealm.trainers.openqa import openqa_model_from_pretraining
 
         test = load_qa_dataset(str(self.path("world") / "questions_test.jsonl"))
         model = openqa_model_from_pretraining(embedder, encoder, self.path("corpus")).eval()
-        results = evaluate_open_qa(model, test, num_blocks=1, recall_ks=(k,))
+        results = evaluate_openqa(model, test, num_blocks=1, recall_ks=(k,))
         print(f"zero-shot recall@{k} of {embedder}: {results[f'recall@{k}']:.1f} ({results['count']} questions)")
         return results[f"recall@{k}"]
 
@@ -361,7 +361,7 @@ class Stages:
         BM25 retrieval; each result also written as JSON next to the model."""
         from openrealm import RealmForOpenQA
         from openrealm.trainers.bm25 import Bm25BlockSearcher
-        from openrealm.trainers.evaluation import evaluate_open_qa, load_qa_dataset, write_results
+        from openrealm.trainers.evaluation import evaluate_openqa, load_qa_dataset, write_results
 
         test = load_qa_dataset(str(self.path("world") / "questions_test.jsonl"))
         runs = {}
@@ -371,7 +371,7 @@ class Stages:
             if name == "realm":
                 searchers["realm-reader-bm25"] = Bm25BlockSearcher.from_retriever(model.retriever)
             for label, searcher in searchers.items():
-                results = evaluate_open_qa(
+                results = evaluate_openqa(
                     model, test, num_blocks=self.preset.eval_reader_beam_size, recall_ks=RECALL_KS,
                     block_searcher=searcher,
                 )  # fmt: skip
@@ -386,14 +386,14 @@ class Stages:
 
     def model_card(self, folder: Path, evaluation_json: Path) -> None:
         """Rewrite the fine-tuned folder's model card with its held-out test results next to its dev results."""
-        from openrealm.hub_cards.model_card import open_qa_model_card, write_model_card
+        from openrealm.hub_cards.model_card import openqa_model_card, write_model_card
         from openrealm.trainers.evaluation import read_results
 
         evaluations = [read_results(evaluation_json)]
         if (folder / options.OPENQA_DEV_RESULTS_NAME).is_file():
             evaluations.insert(0, read_results(folder / options.OPENQA_DEV_RESULTS_NAME))
         summary = json.loads((folder / options.OPENQA_SUMMARY_NAME).read_text())
-        card = open_qa_model_card(evaluations, model_name=folder.name, training_summary=summary, corpus=None)
+        card = openqa_model_card(evaluations, model_name=folder.name, training_summary=summary, corpus=None)
         write_model_card(folder, card)
 
     def demo(self, folder: Path, num_questions: int = 3) -> list[dict]:
@@ -575,17 +575,11 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
     return results
 
 
-def run(args: argparse.Namespace) -> int:
-    quickstart(args.output, args.preset, args.seed, args.overwrite, progress=not args.quiet)
-    return 0
-
-
 __all__ = [
     "PRESETS",
     "PRETRAINING_STAGE",
     "WORLD",
     "quickstart",
-    "run",
     "share_cpu_cores",
     "Stages",
 ]

@@ -48,7 +48,7 @@ from openrealm.trainers.pretraining import (
 from openrealm.trainers.pretraining.builder import snapshot_embedder
 from openrealm.trainers.pretraining.evaluation import held_out_query_blocks
 from openrealm.trainers.pretraining.examples import COUNTERS
-from openrealm.trainers.pretraining.inputs import (
+from openrealm.trainers.pretraining.preparation import (
     ROWS_READ,
     check_corpus,
     distributed_state,
@@ -94,7 +94,8 @@ from openrealm.trainers.towers import (
 # What --overwrite removes of an earlier run in OUTPUT: its checkpoints, its index versions (the default --index-root,
 # OUTPUT/index, whose versions this run's would collide with) and its rank records.
 EARLIER_RUN = (f"{PREFIX_CHECKPOINT_DIR}-*", "index", RANK_RECORDS_DIR)
-# What `--preflight` writes in OUTPUT (trainers/preflight.py): no earlier run, so a run into OUTPUT may follow it.
+# What `--preflight` writes in OUTPUT (trainers/pretraining/preflight.py): no earlier run, so a run into OUTPUT may
+# follow it.
 PREFLIGHT_ENTRIES = ("preflight.json", "preflight")
 
 
@@ -271,7 +272,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     from transformers import AutoTokenizer
 
     if getattr(args, "preflight", False):  # measure whether this run can train its retriever, instead of training
-        from openrealm.trainers.preflight import run_preflight
+        from openrealm.trainers.pretraining.preflight import run_preflight
 
         return run_preflight(args)
     resuming = getattr(args, "resume_from_checkpoint", None) is not None

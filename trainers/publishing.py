@@ -1,28 +1,17 @@
-"""`openrealm push`: upload a RealmForOpenQA folder (weights, tokenizer, knowledge corpus, index, custom code) to the
-Hub with a model card whose metadata carries the evaluation results (`model-index`), the corpus and the citation.
-
-    openrealm push --model DIR --repo-id ID [--eval-results FILE.json ...] [--private]
-                   [--training-summary FILE.json] [--corpus NAME] [--datasets ID ...] [--with-demo]
-    openrealm push --model MODEL --corpus CORPUS [--index INDEX] --repo-id ID ...   # a model with your corpus
-
-With --corpus naming a corpus folder other than the model's own (e.g. your documents, indexed with the model), the
-upload is the model (a folder or Hub id) with that corpus and index in place of its own, staged beside the corpus.
-"""
+"""Publishing, the machinery of `openrealm push` (trainers/jobs/push.py): upload a RealmForOpenQA folder (weights,
+tokenizer, knowledge corpus, index, custom code) to the Hub with a model card whose metadata carries the evaluation
+results (`model-index`), the corpus and the citation."""
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from openrealm.configuration_realm import read_json_object
 from openrealm.file_utils import writer_lock
-from openrealm.hub_cards.model_card import open_qa_model_card, write_model_card
+from openrealm.hub_cards.model_card import openqa_model_card, write_model_card
 from openrealm.hub_cards.space_app import write_space_app
-from openrealm.retrieval_realm import BLOCK_RECORDS_NAME
 from openrealm.trainers.evaluation import read_results
 from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME, OPENQA_SUMMARY_NAME
 
@@ -32,7 +21,7 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "block_r
 IGNORE_PATTERNS = [".*", "**/.*", "checkpoint-*", "checkpoint-*/**"]
 
 
-def check_open_qa_folder(folder: str | os.PathLike) -> dict:
+def check_openqa_folder(folder: str | os.PathLike) -> dict:
     """The folder's config.json, after checking that it is a complete RealmForOpenQA folder (weights, tokenizer,
     block records and index)."""
     folder = Path(folder)
@@ -53,7 +42,7 @@ def check_open_qa_folder(folder: str | os.PathLike) -> dict:
     return config
 
 
-def push_open_qa_model(
+def push_openqa_model(
     folder: str | os.PathLike,
     repo_id: str,
     *,
@@ -74,7 +63,7 @@ def push_open_qa_model(
     from huggingface_hub import HfApi
 
     with writer_lock(folder):
-        config = check_open_qa_folder(folder)
+        config = check_openqa_folder(folder)
         # what `openrealm train openqa` left in the folder, so that a push does not drop it from the card
         if not eval_results and (Path(folder) / OPENQA_DEV_RESULTS_NAME).is_file():
             eval_results = [Path(folder) / OPENQA_DEV_RESULTS_NAME]
@@ -82,7 +71,7 @@ def push_open_qa_model(
             training_summary = Path(folder) / OPENQA_SUMMARY_NAME
         evaluations = [read_results(path) for path in eval_results]
         summary = read_json_object(training_summary) if training_summary else None
-        card = open_qa_model_card(
+        card = openqa_model_card(
             evaluations,
             model_name=repo_id,
             training_summary=summary,
@@ -104,51 +93,6 @@ def push_open_qa_model(
         )
 
 
-def is_other_corpus(model: str, corpus: str | None) -> bool:
-    """Whether --corpus names a corpus folder (block records) that is not the model folder itself."""
-    if corpus is None or not (Path(corpus) / BLOCK_RECORDS_NAME).is_file():
-        return False
-    return not (Path(model).is_dir() and Path(model).resolve() == Path(corpus).resolve())
-
-
-def save_model_with_corpus(model: str, corpus: str, index: str | None, folder: str | os.PathLike) -> None:
-    """Save the open-QA model `model` (folder or Hub id) into `folder` with the corpus folder `corpus` and its index
-    (default CORPUS/block_index) as its retriever; refused when the corpus or index does not fit the model."""
-    from openrealm import RealmForOpenQA
-
-    RealmForOpenQA.from_pretrained(model, corpus=corpus, index=index).save_pretrained(folder)
-
-
-def run(args: argparse.Namespace) -> int:
-    """`openrealm push`: card + upload (of the model with --corpus, when that is a corpus of the user's)."""
-    if args.index is not None and not is_other_corpus(args.model, args.corpus):
-        raise ValueError("--index is the index of a corpus folder: give that corpus with --corpus")
-    if is_other_corpus(args.model, args.corpus):
-        staging = tempfile.mkdtemp(prefix=".push-", dir=Path(args.corpus).resolve().parent)  # records hard-linked
-        try:
-            save_model_with_corpus(args.model, args.corpus, args.index, staging)
-            return push_folder(args, staging)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return push_folder(args, args.model)
-
-
-def push_folder(args: argparse.Namespace, folder: str | os.PathLike) -> int:
-    url = push_open_qa_model(
-        folder,
-        args.repo_id,
-        eval_results=args.eval_results,
-        training_summary=args.training_summary,
-        corpus=args.corpus,
-        datasets=args.datasets,
-        private=args.private,
-        with_demo=args.with_demo,
-    )
-    print(f"Pushed {args.model} to {args.repo_id}: {url}")
-    return 0
-
-
 __all__ = [
-    "push_open_qa_model",
-    "run",
+    "push_openqa_model",
 ]

@@ -1,0 +1,90 @@
+"""`openrealm train ict`: the ICT warm start of the retriever (trainers/ict.py holds the machinery).
+
+openrealm train ict --corpus DIR --init MODEL --output DIR --max-steps N [options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from openrealm.trainers.checkpoints import (
+    resolve_resume,
+)
+from openrealm.trainers.dropped import check_dropped
+from openrealm.trainers.ict import (
+    BLOCK_SEQ_LEN,
+    CORPUS_COLUMNS,
+    QUERY_SEQ_LEN,
+    build_trainer,
+    evaluate_retrieval,
+    expected_dropped,
+    load_blocks,
+    summary_line,
+    training_summary,
+)
+from openrealm.trainers.options import MAX_DROPPED_SHARE
+from openrealm.trainers.stage_utils import (
+    holding_output,
+    leave_process_group,
+    parse_config_overrides,
+    prepare_output,
+)
+from openrealm.trainers.towers import check_tokenizer, fit_length, load_embedder, save_tower
+
+
+@holding_output
+def run(args: argparse.Namespace) -> int:
+    """`openrealm train ict`: train, save the embedder in args.output, optionally evaluate and push."""
+    from transformers import AutoTokenizer
+
+    inputs = [("--corpus", args.corpus), ("--init", args.init), ("--tokenizer", args.tokenizer)]
+    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
+    blocks = load_blocks(args.corpus).select_columns(list(CORPUS_COLUMNS))
+    # Before the model loads: a corpus of one-sentence blocks trains (nearly) nothing at Google's mask rate.
+    refusal, warning = check_dropped(
+        *expected_dropped(blocks, args.mask_rate),
+        getattr(args, "max_dropped_share", MAX_DROPPED_SHARE),
+        "examples an epoch",
+    )
+    if refusal is not None:
+        raise ValueError(refusal)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
+    embedder = load_embedder(args.init, tokenizer, parse_config_overrides(args.config_overrides), args.seed, "--init")
+    check_tokenizer(embedder, tokenizer, args.init, "--init")
+    for name, default in (("query_seq_len", QUERY_SEQ_LEN), ("block_seq_len", BLOCK_SEQ_LEN)):
+        chosen = getattr(args, name)
+        setting = "--" + name.replace("_", "-")
+        setattr(
+            args, name, fit_length(embedder, chosen or default, f"--init {args.init}", setting, chosen is not None)
+        )
+    trainer = build_trainer(args, embedder, tokenizer, blocks)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    if trainer.is_world_process_zero():
+        summary = training_summary(args, trainer, result.training_loss)
+        embedder = trainer.accelerator.unwrap_model(trainer.model).embedder
+        if args.eval_queries:
+            summary["retrieval"] = evaluate_retrieval(
+                embedder,
+                blocks,
+                tokenizer,
+                args.eval_queries,
+                k=5,
+                seed=args.seed,
+                query_seq_len=args.query_seq_len,
+                block_seq_len=args.block_seq_len,
+            )
+        save_tower(embedder, args.output, tokenizer, {"ict_training.json": json.dumps(summary, indent=2) + "\n"})
+        print(
+            f"ICT: saved the RealmEmbedder to {args.output} ({summary_line(trainer, summary)})"
+            + (f"; warning: {warning}" if warning else "")
+        )
+        if args.push_to_hub:
+            embedder.push_to_hub(args.push_to_hub)
+            tokenizer.push_to_hub(args.push_to_hub)
+    leave_process_group(trainer.accelerator.state)  # Trainer logs through callbacks: no accelerate trackers
+    return 0
+
+
+__all__ = ["run"]
