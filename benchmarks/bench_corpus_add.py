@@ -59,7 +59,8 @@ def make_corpus(workdir: str, tokenizer, num_blocks: int, embedder) -> str:
     from datasets import concatenate_datasets, load_from_disk
 
     from openrealm import BlockRecords, RealmBlockIndex
-    from openrealm.tokenization.corpus import BLOCK_RECORDS_NAME, build_corpus
+    from openrealm.tokenization.corpus import build_corpus
+    from openrealm.tokenization.corpus_folder import BLOCK_RECORDS_NAME
 
     seed_dir, corpus = os.path.join(workdir, "seed"), os.path.join(workdir, "corpus")
     shutil.rmtree(seed_dir, ignore_errors=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 READER = """
 import json, resource, sys, tempfile, time
-from openrealm.tokenization.corpus import load_articles
+from openrealm.tokenization.articles import load_articles
 started = time.perf_counter()
 with tempfile.TemporaryDirectory() as scratch:
     articles, _ = load_articles(sys.argv[1], scratch)

@@ -74,7 +74,8 @@ def synthetic_blocks(num_blocks: int, length: int, vocab_size: int, seed: int = 
 
 def real_blocks(corpus_dir: Path, tokenizer_path: str, sample: int, seed: int = 0) -> pa.Table:
     """A seeded random sample (kept in block order) of the SQuAD + NQ passages corpus, built once into corpus_dir."""
-    from openrealm.tokenization.corpus import build_corpus, load_corpus
+    from openrealm.tokenization.corpus import build_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
 
     if not (corpus_dir / "corpus_config.json").is_file():
         build_corpus(list(PASSAGES), corpus_dir, tokenizer_path, num_proc=2)

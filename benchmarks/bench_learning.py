@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, held_out_query_blocks
     from openrealm.trainers.quickstart.stages import PRESETS, Stages, share_cpu_cores
     from openrealm.trainers.stage_utils import parse_config_overrides
@@ -263,7 +263,7 @@ def zero_shot_recall(embedder_folder: str, corpus: Path, world: Path, k: int = 5
     from transformers import AutoTokenizer
 
     from openrealm import RealmEmbedder
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers.embedding import exact_index
     from openrealm.trainers.world.synthetic_world import World
 
@@ -337,7 +337,7 @@ def question_recall(questions: list[dict], ids: list[list[int]], texts: list[str
 
 def bm25_zero_shot_recall(corpus: Path, world: Path, k: int = 5) -> dict[str, float]:
     """The same recall@k for BM25 over the blocks' titles and texts (trainers/bm25.py), the lexical reference."""
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers.bm25 import Bm25BlockSearcher
     from openrealm.trainers.world.synthetic_world import World
 
@@ -367,7 +367,7 @@ def perfect_reader_marginal(
     one positive) every block that names a query's names competes, as REALM's top-K candidates do."""
     from transformers import AutoTokenizer
 
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers.embedding import exact_index
     from openrealm.trainers.pretraining.evaluation import recall_at_k
     from openrealm.trainers.pretraining.retriever_bound import train_retriever_bound
@@ -412,8 +412,9 @@ def answer_positive(
 
     from transformers import AutoTokenizer
 
-    from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.tokenization.masking import SalientSpanCollator
+    from openrealm.tokenization.retriever_inputs import block_retriever_inputs
     from openrealm.trainers.embedding import exact_index
     from openrealm.trainers.pretraining import CANDIDATE_SEQ_LEN
     from openrealm.trainers.pretraining.evaluation import recall_at_k

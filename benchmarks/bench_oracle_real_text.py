@@ -61,7 +61,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from openrealm import RealmEmbedder
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers import cli
     from openrealm.trainers.embedding import exact_index
     from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, held_out_query_blocks, recall_at_k

@@ -36,7 +36,7 @@ def recall_at_8(embedder_folder: Path, corpus: Path, device: str) -> dict:
     """recall@8 of the masked-fact queries for one embedder folder (the same queries for every embedder)."""
     from transformers import AutoTokenizer
 
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers.embedding import exact_index
     from openrealm.trainers.pretraining.evaluation import fixed_masked_queries, recall_at_k
     from openrealm.trainers.towers import load_embedder

@@ -49,7 +49,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoTokenizer, TrainerCallback
 
 from openrealm import RealmConfig, RealmEmbedder
-from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers.jobs import train_pretrain as pretrain
 from openrealm.trainers.options import train_pretrain

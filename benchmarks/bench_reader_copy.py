@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers.embedding import exact_index
     from openrealm.trainers.pretraining import RealmPretrainingExamples, RealmPretrainingModel
     from openrealm.trainers.pretraining.evaluation import fixed_masked_queries

@@ -12,7 +12,9 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from openrealm import RealmConfig, RealmEmbedder
-from openrealm.tokenization.corpus import block_retriever_inputs, build_corpus, load_corpus
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
+from openrealm.tokenization.retriever_inputs import block_retriever_inputs
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import cli

@@ -14,8 +14,9 @@ import pytest
 from helpers import fixture_folder, make_openqa_model, tiny_config_kwargs
 
 from openrealm import RealmTokenizer
-from openrealm.tokenization import corpus
-from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization import articles, corpus
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.jsonl import JsonlError, iter_jsonl
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_openqa, load_qa_dataset
@@ -167,7 +168,7 @@ def test_corpus_build_with_a_missing_tokenizer_folder_exits_2_naming_it(tmp_path
 def test_a_full_disk_during_corpus_build_exits_1_with_one_error_line(tmp_path, tokenizer, capsys, monkeypatch):
     tokenizer.save_pretrained(tmp_path / "tok")
     source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
-    monkeypatch.setattr(corpus, "_write_block_records", full_disk)
+    monkeypatch.setattr(corpus, "write_block_records", full_disk)
     argv = corpus_build_argv(
         "--input", source, "--output", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "tok")
     )
@@ -250,12 +251,12 @@ def full_disk(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-@pytest.mark.parametrize("stage", ["_article_rows", "_write_block_records"])
+@pytest.mark.parametrize("module, stage", [(articles, "_article_rows"), (corpus, "write_block_records")])
 def test_a_full_disk_during_corpus_build_names_the_output_not_the_input_and_leaves_nothing(
-    tmp_path, tokenizer, monkeypatch, stage
+    tmp_path, tokenizer, monkeypatch, module, stage
 ):
     source = write_lines(tmp_path / "a.jsonl", json.dumps(ARTICLE))
-    monkeypatch.setattr(corpus, stage, full_disk)  # while datasets reads the input / while records are written
+    monkeypatch.setattr(module, stage, full_disk)  # while datasets reads the input / while records are written
     output = tmp_path / "new" / "corpus"
     with pytest.raises(OSError, match=r"No space left on the device holding .*new/corpus") as caught:
         build_corpus(source, output, tokenizer)

@@ -14,19 +14,11 @@ import torch
 from datasets import Dataset
 
 from openrealm import BlockRecords, RealmRetriever, RealmTokenizer
-from openrealm.tokenization.corpus import (
-    BlockBuilder,
-    batch_retriever_inputs,
-    block_columns,
-    block_features,
-    block_retriever_inputs,
-    build_corpus,
-    document_uid,
-    duplicate_rows,
-    load_corpus,
-    pack_articles,
-    save_blocks,
-)
+from openrealm.tokenization.blocks import BlockBuilder, block_features, document_uid, pack_articles
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import block_columns, load_corpus, save_blocks
+from openrealm.tokenization.duplicates import duplicate_rows
+from openrealm.tokenization.retriever_inputs import batch_retriever_inputs, block_retriever_inputs
 from openrealm.trainers.cli import main
 from openrealm.trainers.jobs.corpus_build import run
 from openrealm.trainers.options import corpus_build

@@ -26,7 +26,7 @@ from helpers import (
 )
 
 from openrealm import RealmBlockIndex, RealmForOpenQA, RealmRetriever
-from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
+from openrealm.tokenization.corpus_folder import load_corpus, read_corpus_config, read_removed_block_ids
 from openrealm.trainers.cli import main
 from openrealm.trainers.indexing import build_index
 from openrealm.trainers.living_corpus import edit_corpus

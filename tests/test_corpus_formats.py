@@ -14,7 +14,8 @@ from datasets import Dataset, DatasetDict
 from helpers import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_model
 
 from openrealm import BlockRecords, RealmRetriever
-from openrealm.tokenization.corpus import build_corpus, load_corpus, read_corpus_config
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import load_corpus, read_corpus_config
 from openrealm.tokenization.sources import InputOptions
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_openqa

@@ -13,7 +13,7 @@ from helpers import TINY_WORLD
 from transformers import AutoTokenizer
 
 from openrealm import BlockRecords
-from openrealm.tokenization.corpus import load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.documents import html_text, markdown_text, read_document_folder
 from openrealm.tokenization.sources import input_kind
 from openrealm.tokenization.vocab import train_wordpiece_vocab

@@ -26,7 +26,8 @@ from helpers import (
 from transformers import AutoTokenizer, BertConfig, BertModel, EvalPrediction
 
 from openrealm import RealmConfig, RealmEmbedder, RealmTokenizer
-from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import ict, towers
 from openrealm.trainers.cli import main

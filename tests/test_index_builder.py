@@ -15,7 +15,7 @@ from helpers import TEXTS, TITLES, direct_embedding, fixture_folder, fixture_tok
 from transformers import BertConfig, BertModel
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever, RealmScorer
-from openrealm.tokenization.corpus import load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.trainers import indexing, stage_utils
 from openrealm.trainers.cli import main as openrealm_main
 from openrealm.trainers.embedding import embed_corpus, shard_range

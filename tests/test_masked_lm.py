@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from openrealm import RealmKnowledgeAugEncoder
-from openrealm.tokenization.corpus import load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.trainers import cli, towers
 from openrealm.trainers.masked_lm import CorpusBlocks, MaskedLmModel, collator, evaluate
 

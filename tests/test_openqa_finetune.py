@@ -320,7 +320,8 @@ def world_run(tmp_path_factory):
 
 def test_model_from_pretraining_takes_query_tower_from_embedder_and_reader_bert_from_encoder(world_run):
     from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
-    from openrealm.tokenization.corpus import batch_retriever_inputs, load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
+    from openrealm.tokenization.retriever_inputs import batch_retriever_inputs
 
     pretrained = world_run["pretrained"]
     model = openqa_model_from_pretraining(pretrained / "embedder", pretrained / "encoder", world_run["corpus"])

@@ -20,7 +20,8 @@ from datasets import Dataset
 from helpers import TINY_NO_DROPOUT, TinyWorld
 from transformers import AutoTokenizer
 
-from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.salient_spans import make_span_annotator
 from openrealm.trainers import cli
 from openrealm.trainers.indexing import build_index

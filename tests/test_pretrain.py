@@ -24,7 +24,7 @@ from helpers import (
 from transformers import AutoTokenizer, TrainerCallback
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder
-from openrealm.tokenization.corpus import load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.trainers import cli, dropped, towers
 from openrealm.trainers.indexing import build_index, list_versions
 from openrealm.trainers.jobs import train_pretrain as pretrain

@@ -12,7 +12,8 @@ from datasets import Dataset
 from helpers import tiny_overrides
 from transformers import AutoTokenizer
 
-from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers import towers
 from openrealm.trainers.embedding import exact_index

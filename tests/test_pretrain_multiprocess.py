@@ -13,7 +13,7 @@ import pytest
 from helpers import DATED, UNDATED, pretrain_argv, repeated_corpus, small_corpus
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
-from openrealm.tokenization.corpus import load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.trainers.indexing import list_versions
 
 # `--cpu` would make accelerate start one process; with no visible GPU, --multi_gpu runs torchrun + gloo on CPU.

@@ -11,8 +11,9 @@ from helpers import BLOCK_TEXTS, fixture_tokenizer, tiny_realm_config
 from torch import nn
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmKnowledgeAugEncoder
-from openrealm.tokenization.corpus import batch_retriever_inputs, document_uid
+from openrealm.tokenization.blocks import document_uid
 from openrealm.tokenization.masking import SalientSpanCollator
+from openrealm.tokenization.retriever_inputs import batch_retriever_inputs
 from openrealm.trainers.pretraining import RealmPretrainingExamples, RealmPretrainingModel
 
 CLS, SEP, MASK, PAD = 3, 4, 5, 0  # the fixture tokenizer's special tokens

@@ -13,7 +13,8 @@ from helpers import TINY_WORLD, tiny_overrides
 from transformers import AutoTokenizer
 
 from openrealm import RealmKnowledgeAugEncoder
-from openrealm.tokenization.corpus import build_corpus, load_corpus
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.vocab import train_wordpiece_vocab
 from openrealm.trainers.embedding import exact_index
 from openrealm.trainers.pretraining import RealmPretrainingExamples

@@ -28,7 +28,7 @@ from helpers import (
 import openrealm
 from openrealm import RealmRetriever, file_utils
 from openrealm.file_utils import atomic_directory, write_text_atomic
-from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
+from openrealm.tokenization.corpus_folder import load_corpus, read_corpus_config, read_removed_block_ids
 from openrealm.trainers import indexing, living_corpus
 from openrealm.trainers.cli import main
 from openrealm.trainers.indexing import build_index

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from openrealm import RealmBlockIndex, ShardedBlockIndex
-from openrealm.tokenization.corpus import batch_retriever_inputs
+from openrealm.tokenization.retriever_inputs import batch_retriever_inputs
 from openrealm.trainers.options import DTYPE_NAMES, MAX_BLOCK_LENGTH
 from openrealm.trainers.stage_utils import eval_mode
 

@@ -32,7 +32,8 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmConfig, RealmEmbedder, RealmPreTrainedModel
-from openrealm.tokenization.corpus import block_retriever_inputs, load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
+from openrealm.tokenization.retriever_inputs import block_retriever_inputs
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
 )

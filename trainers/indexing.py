@@ -60,11 +60,7 @@ from openrealm.index_realm import (
     weights_fingerprint,
     write_sharded_index,
 )
-from openrealm.tokenization.corpus import (
-    load_corpus,
-    read_corpus_config,
-    read_removed_block_ids,
-)
+from openrealm.tokenization.corpus_folder import load_corpus, read_corpus_config, read_removed_block_ids
 from openrealm.trainers.embedding import arrow_table, embed_corpus, gather_shards, resolve_dtype
 from openrealm.trainers.options import MAX_BLOCK_LENGTH
 from openrealm.trainers.towers import check_corpus_ids, fit_length, load_block_tower

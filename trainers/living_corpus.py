@@ -24,24 +24,20 @@ import torch
 from openrealm import RealmRetriever
 from openrealm.file_utils import atomic_directory, link_or_copy, write_text_atomic, writer_lock
 from openrealm.retrieval_realm import BLOCK_INDEX_DIR, BLOCK_RECORDS_NAME
-from openrealm.tokenization.corpus import (
+from openrealm.tokenization.articles import load_articles
+from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH, BlockBuilder, annotator_names, pack_articles
+from openrealm.tokenization.corpus_folder import (
     BLOCKS_DIR,
     CONFIG_NAME,
-    MAX_BLOCK_LENGTH,
     REMOVED_IDS_NAME,
-    BlockBuilder,
-    annotator_names,
     block_columns,
-    count_duplicate_blocks,
-    drop_duplicate_blocks,
     keeps_ids,
-    load_articles,
     load_corpus,
-    pack_articles,
     read_corpus_config,
     read_removed_block_ids,
     write_removed_block_ids,
 )
+from openrealm.tokenization.duplicates import count_duplicate_blocks, drop_duplicate_blocks
 from openrealm.tokenization.sources import PASSAGE_ID, InputOptions
 from openrealm.trainers.embedding import embed_corpus
 from openrealm.trainers.towers import load_embedder

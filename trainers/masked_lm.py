@@ -28,7 +28,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmKnowledgeAugEncoder
-from openrealm.tokenization.corpus import block_retriever_inputs
+from openrealm.tokenization.retriever_inputs import block_retriever_inputs
 from openrealm.trainers.checkpoints import StagedCheckpointTrainer
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.stage_utils import (

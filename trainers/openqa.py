@@ -59,7 +59,7 @@ QUESTIONS_READ = "training questions read"  # what the drop messages count
 def frozen_corpus_index(embedder: RealmEmbedder, corpus: str | os.PathLike) -> RealmBlockIndex:
     """An exact index of the embedder's embeddings of every block of the corpus folder, holding a frozen copy of the
     embedder (the block tower) and the corpus's removed block ids."""
-    from openrealm.tokenization.corpus import load_corpus, read_corpus_config, read_removed_block_ids
+    from openrealm.tokenization.corpus_folder import load_corpus, read_corpus_config, read_removed_block_ids
     from openrealm.trainers.embedding import exact_index
 
     blocks = load_corpus(corpus)

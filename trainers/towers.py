@@ -266,7 +266,7 @@ def check_same_architecture(embedder: torch.nn.Module, encoder: torch.nn.Module)
 
 def check_corpus_ids(blocks, model: torch.nn.Module, corpus_dir: str | os.PathLike, name: str) -> None:
     """Every wordpiece id of the corpus blocks is a row of the model's embedding table (the same vocabulary)."""
-    from openrealm.tokenization.corpus import token_id_range
+    from openrealm.tokenization.corpus_folder import token_id_range
 
     id_range = token_id_range(blocks)
     if id_range is not None and id_range[1] >= model.config.vocab_size:

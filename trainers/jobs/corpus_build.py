@@ -10,13 +10,10 @@ import argparse
 import os
 import sys
 
-from openrealm.tokenization.corpus import (
-    build_corpus,
-    duplicates_note,
-    duplicates_warning,
-    passages_cut_note,
-    read_corpus_config,
-)
+from openrealm.tokenization.blocks import passages_cut_note
+from openrealm.tokenization.corpus import build_corpus
+from openrealm.tokenization.corpus_folder import read_corpus_config
+from openrealm.tokenization.duplicates import duplicates_note, duplicates_warning
 from openrealm.tokenization.sources import InputOptions
 
 

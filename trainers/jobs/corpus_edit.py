@@ -11,12 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from openrealm.tokenization.corpus import (
-    MAX_BLOCK_LENGTH,
-    duplicates_note,
-    duplicates_warning,
-    passages_cut_note,
-)
+from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH, passages_cut_note
+from openrealm.tokenization.duplicates import duplicates_note, duplicates_warning
 from openrealm.tokenization.sources import InputOptions
 from openrealm.trainers.living_corpus import edit_corpus
 

@@ -9,7 +9,8 @@ import argparse
 import json
 import math
 
-from openrealm.tokenization.corpus import MAX_BLOCK_LENGTH, load_corpus, read_removed_block_ids
+from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH
+from openrealm.tokenization.corpus_folder import load_corpus, read_removed_block_ids
 from openrealm.trainers.checkpoints import resolve_resume
 from openrealm.trainers.dropped import check_dropped
 from openrealm.trainers.masked_lm import (

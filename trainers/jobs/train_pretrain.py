@@ -29,9 +29,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from openrealm.file_utils import atomic_directory, check_apart
 from openrealm.hub_cards.model_card import realm_model_card
-from openrealm.tokenization.corpus import (
-    load_corpus,
-)
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.masking import SalientSpanCollator
 from openrealm.trainers.checkpoints import resolve_resume
 from openrealm.trainers.dropped import DroppedExamplesGuard, check_dropped

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from openrealm import RealmBlockIndex
-from openrealm.tokenization.corpus import block_retriever_inputs
+from openrealm.tokenization.retriever_inputs import block_retriever_inputs
 from openrealm.trainers.embedding import embed_queries
 from openrealm.trainers.options import NUM_CANDIDATES
 

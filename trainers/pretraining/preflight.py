@@ -28,7 +28,7 @@ import torch
 
 from openrealm import RealmEmbedder
 from openrealm.file_utils import check_apart, write_text_atomic
-from openrealm.tokenization.corpus import load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.tokenization.masking import pieces_inside
 from openrealm.trainers.embedding import exact_index
 from openrealm.trainers.pretraining import (

@@ -12,12 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from openrealm.tokenization.corpus import (
-    count_duplicate_blocks,
-    duplicates_warning,
-    read_corpus_config,
-    read_removed_block_ids,
-)
+from openrealm.tokenization.corpus_folder import read_corpus_config, read_removed_block_ids
+from openrealm.tokenization.duplicates import count_duplicate_blocks, duplicates_warning
 from openrealm.tokenization.masking import SKIP_REASONS
 from openrealm.trainers.dropped import check_dropped
 from openrealm.trainers.indexing import build_index, load_index

@@ -23,7 +23,7 @@ import torch
 from transformers import TrainerCallback
 
 from openrealm.file_utils import clean_leftovers
-from openrealm.tokenization.corpus import load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.trainers.indexing import build_index, list_versions, load_index, next_version, version_dir_name
 from openrealm.trainers.options import REFRESH_MODES as MODES
 from openrealm.trainers.pretraining.builder import (

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from openrealm import RealmEmbedder
-from openrealm.tokenization.corpus import block_retriever_inputs
 from openrealm.tokenization.masking import SalientSpanCollator
+from openrealm.tokenization.retriever_inputs import block_retriever_inputs
 from openrealm.trainers.pretraining.evaluation import answer_block_ids
 from openrealm.trainers.pretraining.examples import CANDIDATE_SEQ_LEN
 

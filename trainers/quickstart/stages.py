@@ -48,12 +48,11 @@ class Preset:
     ict_learning_rate: float
     pretrain_steps: int
     pretrain_batch_size: int
-    # K, null document included (Google: 8). More candidates per query give the retriever more signal: K = 24 made
-    # Figure 4 rise for seeds 0-2 where K = 8 did for seed 0 only, at 1.5-3x the cost (see RESULTS.md's
-    # "A reader that can read" section)
+    # K, null document included (Google: 8): more candidates per query give the retriever more signal
+    # (benchmarks/RESULTS.md, "More candidates per query: K = 8, 16, 24")
     pretrain_num_candidates: int
-    # The encoder's: the paper's 3e-5 (faster, REALM's loss takes the warmed-up encoder's reading away); the
-    # retriever's 10x higher (at 1e-3 its scores collapse onto the null document). RESULTS.md, "A reader that reads"
+    # The encoder's: the paper's 3e-5, which keeps the warm-up's reading; the retriever's 10x higher, below where its
+    # scores collapse onto the null document (benchmarks/RESULTS.md, "A reader that reads")
     pretrain_learning_rate: float
     pretrain_embedder_learning_rate: float
     refresh_every: int
@@ -61,8 +60,8 @@ class Preset:
     eval_queries: int
     finetune_steps: int
     finetune_batch_size: int
-    # default preset 2e-4: at 1e-3 small differences in the pre-trained towers swung EM by 25 points, and at 3e-4 one
-    # run's fine-tuning never learned to retrieve (the small preset, not re-measured, keeps 3e-4)
+    # default preset 2e-4: higher rates made exact match swing with small differences between the starts
+    # (benchmarks/RESULTS.md, "Fine-tuning lr 3e-4 -> 2e-4"); the small preset, not re-measured, keeps 3e-4
     finetune_learning_rate: float
     searcher_beam_size: int
     reader_beam_size: int
@@ -75,10 +74,9 @@ MODEL = (
     "max_span_width=10"
 )
 
-# A world small enough that a fact's other mention is often among the ICT retriever's top 8 blocks (117 blocks at seed
-# 0): on the 332-block world of 120 people the answer block was a candidate for 1 query in 7, the retriever's gradient
-# was noise, and REALM pre-training flattened p(z|x) instead of learning (benchmarks/RESULTS.md, "A reader that can
-# read, and what REALM's gradient then does to the retriever").
+# A world small enough that a fact's other mention is often among the ICT retriever's top 8 blocks: on a larger one
+# the retriever's gradient was noise (benchmarks/RESULTS.md, "A reader that can read, and what REALM's gradient then
+# does to the retriever").
 WORLD = {
     "num_people": 40,
     "num_organizations": 12,
@@ -88,7 +86,7 @@ WORLD = {
     "num_regions": 3,
 }
 
-# 8-10 minutes on 2 CPU cores (473 s and 551 s of stages measured, seed 0; README "Two commands")
+# The README's main command: its run time on 2 CPU cores is measured in docs/quickstart.md.
 DEFAULT = Preset(
     world=WORLD,
     vocab_size=1000,
@@ -147,9 +145,8 @@ class Stages:
         step: `--refresh-lag`)."""
         import multiprocessing
 
-        # As many at once as there are cores (2 cores, seed 0: the three pre-training runs took 343 s one after
-        # another, 270 s two at a time, 264 s all at once; the four fine-tuning runs 113 s two at a time, 127 s all at
-        # once).
+        # As many at once as there are cores: on 2 cores faster than one after another, and than all at once for the
+        # fine-tuning runs (docs/quickstart.md gives the stages' times).
         cores = os.cpu_count() or 1
         workers = max(1, min(len(calls), cores))
         threads = max(1, cores // workers)
@@ -270,7 +267,7 @@ class Stages:
         the preset). extra_argv: more `train pretrain` flags (benchmarks/bench_learning.py)."""
         from transformers import AutoTokenizer
 
-        from openrealm.tokenization.corpus import load_corpus
+        from openrealm.tokenization.corpus_folder import load_corpus
         from openrealm.trainers.pretraining.evaluation import PretrainingEvalCallback, fixed_masked_queries
 
         preset = self.preset
@@ -302,7 +299,7 @@ class Stages:
         REALM's signal could at most teach the retriever on this world."""
         from transformers import AutoTokenizer
 
-        from openrealm.tokenization.corpus import load_corpus
+        from openrealm.tokenization.corpus_folder import load_corpus
         from openrealm.trainers.pretraining.retriever_bound import train_retriever_bound
         from openrealm.trainers.towers import load_embedder, save_tower
 

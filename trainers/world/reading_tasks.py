@@ -307,7 +307,7 @@ def probe_encoders(
     examples for every encoder -> {name: probe}, each also printed in one line."""
     from transformers import AutoTokenizer
 
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers.towers import load_encoder
 
     tokenizer = AutoTokenizer.from_pretrained(corpus)

@@ -167,7 +167,7 @@ def warm_up_encoder(
     from transformers import AutoTokenizer
 
     from openrealm.file_utils import check_apart
-    from openrealm.tokenization.corpus import load_corpus
+    from openrealm.tokenization.corpus_folder import load_corpus
     from openrealm.trainers.stage_utils import parse_config_overrides
     from openrealm.trainers.towers import load_encoder, save_tower
     from openrealm.trainers.world.synthetic_world import World
