@@ -21,6 +21,15 @@ def manifest() -> dict:
 
 
 @pytest.fixture(scope="module")
+def tokenizer():
+    """The reference fixtures' tokenizer (tests/reference/), which the tiny models of helpers.py read; a module that
+    needs another vocabulary defines its own `tokenizer`."""
+    from helpers import fixture_tokenizer
+
+    return fixture_tokenizer()
+
+
+@pytest.fixture(scope="module")
 def world_corpus(tmp_path_factory) -> Path:
     """A small synthetic world (helpers.TINY_WORLD, seed 0: 58 articles, one block each, dates as salient spans) as a
     corpus with its own 2,000-wordpiece vocabulary. For the pre-training and refresh tests."""

@@ -344,9 +344,15 @@ def files_under(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-def write_jsonl(path, articles) -> str:
-    path.write_text("".join(json.dumps(article) + "\n" for article in articles))
+def write_jsonl(path, rows) -> str:
+    """rows (dicts) as a JSONL file at path (UTF-8); returns its path as a str."""
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return str(path)
+
+
+def answers_for(tokenizer, *texts) -> list[list[int]]:
+    """The wordpiece ids of each answer text, without special tokens (what answer_ids takes per question)."""
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
 class RecordingHfApi:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 import torch
 from datasets import Dataset
+from helpers import write_jsonl
 
 from openrealm import BlockRecords, RealmRetriever, RealmTokenizer
 from openrealm.tokenization.blocks import BlockBuilder, block_features, document_uid, pack_articles
@@ -39,11 +40,6 @@ def tokenizer():
 
 def articles(*pairs: tuple[str, str]) -> Dataset:
     return Dataset.from_list([{"title": title, "text": text} for title, text in pairs])
-
-
-def write_jsonl(path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return str(path)
 
 
 def numbered_sentences(count: int, words: int) -> list[str]:

@@ -63,11 +63,6 @@ def unpadded(batch: dict, name: str, i: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return fixture_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def ict_corpus(tmp_path_factory) -> Path:
     """The synthetic world (seed 0: 288 articles of 1-18 sentences, one block each) as a knowledge corpus with its own
     WordPiece vocabulary."""

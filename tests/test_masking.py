@@ -6,14 +6,8 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import fixture_tokenizer
 
 from openrealm.tokenization.masking import SalientSpanCollator, mask_query
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return fixture_tokenizer()
 
 
 @pytest.fixture(scope="module")

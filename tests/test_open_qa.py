@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_model
+from helpers import BLOCK_TEXTS, answers_for, fixture_folder, make_openqa_model
 from transformers import AutoModel
 
 import openrealm
@@ -22,15 +22,6 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def model():
     return make_openqa_model(seed=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return fixture_tokenizer()
-
-
-def answers_for(tokenizer, *texts):
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
 def test_batch_of_questions_gives_the_same_answers_as_one_at_a_time(model, tokenizer):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from helpers import BLOCK_TEXTS, fixture_tokenizer, make_openqa_model
+from helpers import BLOCK_TEXTS, answers_for, make_openqa_model
 
 from openrealm.hub_cards import model_card
 from openrealm.trainers.openqa import finetune_openqa, openqa_model_from_pretraining, save_finetuned
@@ -18,15 +18,6 @@ from openrealm.trainers.options import OPENQA_SUMMARY_NAME as SUMMARY_NAME
 @pytest.fixture(scope="module")
 def model():
     return make_openqa_model(seed=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return fixture_tokenizer()
-
-
-def answers_for(tokenizer, *texts):
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
 def test_given_block_ids_are_read_instead_of_the_index_search(model, tokenizer):
