@@ -718,10 +718,10 @@ class RealmRetriever:
         leaves nothing behind.
         """
         folder = resolve_folder(pretrained_model_name_or_path, **hub_kwargs)
-        index_source, index_argument = None, index
+        index_name = os.path.join(folder, BLOCK_INDEX_DIR)  # how messages name the index
         if index is not None and not isinstance(index, RealmBlockIndex):
-            index_source = index_folder(index)
-            index = RealmBlockIndex.from_pretrained(index_source)
+            index_name = os.fspath(index)
+            index = RealmBlockIndex.from_pretrained(index_folder(index))
         stamp = _folder_stamp(folder)  # before reading: a version written meanwhile is picked up by the next reload
         new_records = os.path.join(folder, BLOCK_RECORDS_NAME)
         legacy_records = os.path.join(folder, LEGACY_BLOCK_RECORDS_NAME)
@@ -765,8 +765,7 @@ class RealmRetriever:
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         if index is not None and os.path.isfile(os.path.join(folder, CORPUS_CONFIG_NAME)):
-            given = os.fspath(index_argument) if index_source is not None else os.path.join(folder, BLOCK_INDEX_DIR)
-            index = fit_index_to_corpus(index, folder, given)
+            index = fit_index_to_corpus(index, folder, index_name)
         if index is not None and index.num_blocks != len(records):
             raise ValueError(
                 f"The block embeddings in {folder} have {index.num_blocks} rows but the block records hold "

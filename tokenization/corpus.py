@@ -122,15 +122,14 @@ def build_corpus(
     from datasets import Dataset, load_from_disk
 
     output_dir = os.path.abspath(os.fspath(output_dir))
-    inputs = [] if isinstance(source, Dataset) else source_paths(source)
+    paths = [] if isinstance(source, Dataset) else source_paths(source)
+    inputs = list(paths)
     if isinstance(tokenizer, (str, os.PathLike)):
         inputs.append(("the tokenizer", os.fspath(tokenizer)))  # a folder replacing would delete (not a Hub name)
     check_replaceable(output_dir, overwrite, corpus_folder_problem, inputs)  # before any (long) work
     tokenizer, tokenizer_name = resolve_tokenizer(tokenizer)
     # A folder of documents: every block keeps its document's path (what `openrealm ask` and the pipeline report).
-    document_ids = any(
-        input_kind(path) == "documents" for path in ([] if isinstance(source, Dataset) else source_paths(source))
-    )
+    document_ids = any(input_kind(path) == "documents" for path in paths)
     keep_ids = passages_as_blocks or document_ids
     builder = BlockBuilder(
         tokenizer,

@@ -11,27 +11,18 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from openrealm.block_records import BlockRecords
+from openrealm.retrieval_realm import BLOCK_RECORDS_NAME, CORPUS_CONFIG_NAME, CORPUS_REMOVED_IDS_NAME
 from openrealm.tokenization.blocks import COLUMNS
 from openrealm.tokenization.sources import (
     PASSAGE_ID,
 )
 
 CORPUS_FORMAT = "openrealm.corpus"
-
-
 CORPUS_FORMAT_VERSION = 1
-
-
-CONFIG_NAME = "corpus_config.json"
-
-
 BLOCKS_DIR = "blocks"
-
-
-BLOCK_RECORDS_NAME = "block_records.safetensors"  # the name RealmRetriever.from_pretrained looks for
-
-
-REMOVED_IDS_NAME = "removed_ids.safetensors"  # ids of removed blocks (openrealm corpus remove); absent when none
+# corpus_config.json, block_records.safetensors and removed_ids.safetensors (ids of removed blocks, absent when none):
+# named where RealmRetriever.from_pretrained reads them, so that the two cannot disagree.
+CONFIG_NAME, REMOVED_IDS_NAME = CORPUS_CONFIG_NAME, CORPUS_REMOVED_IDS_NAME
 
 
 # Top-level names a corpus folder written before corpus_config.json listed its "files" may hold (tokenizer files).

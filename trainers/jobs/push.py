@@ -37,9 +37,10 @@ def save_model_with_corpus(model: str, corpus: str, index: str | None, folder: s
 
 def run(args: argparse.Namespace) -> int:
     """`openrealm push`: card + upload (of the model with --corpus, when that is a corpus of the user's)."""
-    if args.index is not None and not is_other_corpus(args.model, args.corpus):
+    other_corpus = is_other_corpus(args.model, args.corpus)
+    if args.index is not None and not other_corpus:
         raise ValueError("--index is the index of a corpus folder: give that corpus with --corpus")
-    if is_other_corpus(args.model, args.corpus):
+    if other_corpus:
         staging = tempfile.mkdtemp(prefix=".push-", dir=Path(args.corpus).resolve().parent)  # records hard-linked
         try:
             save_model_with_corpus(args.model, args.corpus, args.index, staging)
