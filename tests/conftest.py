@@ -128,7 +128,7 @@ def _check_exact_float_comparison(name: str, *values) -> None:
     if not any(_is_float_array(value) for value in values):
         return
     frame = sys._getframe(2)
-    while frame is not None and Path(frame.f_code.co_filename).resolve().parent != _TESTS_DIR:
+    while frame is not None and not Path(frame.f_code.co_filename).resolve().is_relative_to(_TESTS_DIR):
         if "site-packages" not in frame.f_code.co_filename and "/torch/" not in frame.f_code.co_filename:
             return  # called by openrealm itself (or a benchmark), not by a test
         frame = frame.f_back

@@ -1,7 +1,9 @@
 """Plain helpers the test modules share: constants, small models, corpora and command lines (the fixtures several
 modules share are in conftest.py). A test module imports what it shares from here, never from another test module."""
 
+import errno
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -370,3 +372,49 @@ class RecordingHfApi:
         kept = filter_repo_objects(paths, ignore_patterns=ignore_patterns)  # as upload_folder filters
         self.uploads[repo_id] = {path: (folder / path).read_bytes() for path in kept}
         return f"https://huggingface.co/{repo_id}/commit/0"
+
+
+# --- Bad input: a one-sentence world and what the CLI says --------------------------------------------------------
+
+
+NILE_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "the", "nile", "paris", "london", "is", "a", "city"]
+
+
+NILE_ARTICLE = {"title": "nile", "text": "The nile is a city."}
+
+
+def write_lines(path, *lines: str) -> str:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def one_error_line(capsys) -> str:
+    """The error line of the CLI's stderr, checked to be its only `openrealm: error:` line (the last one; progress
+    bars may come before it) with no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert [line for line in lines if "error" in line.lower()] == lines[-1:], err
+    assert lines[-1].startswith("openrealm: error: "), err
+    return lines[-1]
+
+
+def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def evaluate_argv(tmp_path, *extra: str) -> list[str]:
+    dataset = write_lines(tmp_path / "qa.jsonl", '{"question": "where does the nile flow ?", "answers": ["egypt"]}')
+    return ["evaluate", "--model", str(tmp_path / "model"), "--dataset", dataset, "--no-progress", *extra]
+
+
+def write_config(folder, **fields) -> str:
+    """A model folder holding only config.json: the tiny REALM config with `fields` replaced."""
+    folder.mkdir()
+    config = {**tiny_config_kwargs(), "model_type": "realm", "architectures": ["RealmForOpenQA"], **fields}
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return str(folder)
+
+
+def model_copy(saved_model, tmp_path) -> str:
+    return str(shutil.copytree(saved_model, tmp_path / "model"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from openrealm.trainers.cli import JOBS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"modeling_realm": "openrealm", "tokenization": "openrealm.tokenization", "trainers": "openrealm.trainers",
             "hub_cards": "openrealm.hub_cards"}  # fmt: skip
 

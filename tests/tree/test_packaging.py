@@ -22,7 +22,7 @@ import pytest
 import openrealm
 from openrealm.trainers.cli import build_parser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # import name -> source folder (setup.cfg package_dir)
 PACKAGE_DIRS = {
     "openrealm": "modeling_realm",
