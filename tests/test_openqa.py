@@ -10,7 +10,13 @@ import torch
 from helpers import BLOCK_TEXTS, answers_for, make_openqa_model
 
 from openrealm.hub_cards import model_card
-from openrealm.trainers.openqa import finetune_openqa, openqa_model_from_pretraining, save_finetuned
+from openrealm.trainers.openqa import (
+    OpenQAArguments,
+    finetune_openqa,
+    openqa_model_from_pretraining,
+    openqa_training_arguments,
+    save_finetuned,
+)
 from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME as DEV_RESULTS_NAME
 from openrealm.trainers.options import OPENQA_SUMMARY_NAME as SUMMARY_NAME
 
@@ -195,18 +201,10 @@ def test_fine_tuning_trains_query_tower_and_reader_but_not_the_block_embeddings(
     block_emb = model.retriever.index.block_emb.clone()
     embedder = {name: p.detach().clone() for name, p in model.embedder.named_parameters()}
     reader = {name: p.detach().clone() for name, p in model.reader.named_parameters()}
-    summary = finetune_openqa(
-        model,
-        FIXTURE_ROWS,
-        output_dir=tmp_path,
-        max_steps=3,
-        batch_size=2,
-        learning_rate=1e-3,
-        warmup_steps=0,
-        eval_reader_beam_size=6,
-        progress=False,
-        save=False,
+    args = openqa_training_arguments(
+        tmp_path, 3, warmup_steps=0, per_device_train_batch_size=2, learning_rate=1e-3, disable_tqdm=True
     )
+    summary = finetune_openqa(model, FIXTURE_ROWS, None, args, OpenQAArguments(eval_reader_beam_size=6), save=False)
     # exact: the index is left as it was; the towers trained if they changed at all
     assert torch.equal(model.retriever.index.block_emb, block_emb)
     assert not torch.equal(model.embedder.cls.dense.weight, embedder["cls.dense.weight"])  # exact: see above
@@ -374,7 +372,7 @@ def training_loss(model, rows, tokenizer) -> float:
 
 
 @pytest.mark.slow
-def test_fine_tuning_on_the_synthetic_world_lowers_the_loss_and_raises_held_out_exact_match(world_run):
+def test_fine_tuning_on_the_synthetic_world_lowers_the_loss_and_raises_held_out_exact_match(world_run, tmp_path):
     from openrealm.trainers.evaluation import load_qa_dataset
 
     pretrained = world_run["pretrained"]
@@ -382,20 +380,12 @@ def test_fine_tuning_on_the_synthetic_world_lowers_the_loss_and_raises_held_out_
     train = load_qa_dataset(str(world_run["train"]))
     probe = [dict(row) for row in train.select(range(0, len(train), 20))]
     loss_before = training_loss(model, probe, model.retriever.tokenizer)
-    summary = finetune_openqa(
-        model,
-        train,
-        load_qa_dataset(str(world_run["held_out"])),
-        max_steps=120,
-        batch_size=8,
-        learning_rate=6e-3,
-        warmup_steps=0,
-        reader_beam_size=2,
-        eval_reader_beam_size=5,
-        eval_batch_size=34,
-        progress=False,
-        save=False,
+    args = openqa_training_arguments(
+        tmp_path, 120, warmup_steps=0, learning_rate=6e-3, per_device_eval_batch_size=34, disable_tqdm=True
     )
+    openqa_args = OpenQAArguments(reader_beam_size=2, eval_reader_beam_size=5)
+    held_out = load_qa_dataset(str(world_run["held_out"]))
+    summary = finetune_openqa(model, train, held_out, args, openqa_args, save=False)
     loss_after = training_loss(model, probe, model.retriever.tokenizer)
     assert loss_after < 0.9 * loss_before
     assert summary["dev_after"]["recall@5"] > summary["dev_before"]["recall@5"] + 20
@@ -442,7 +432,7 @@ def test_collator_resolves_gold_passage_ids_to_block_ids_or_passage_texts(tokeni
         collator([{"question": "d ?", "answers": ["w"], "gold_passage_id": "6"}])
 
 
-def test_passage_supervision_and_regex_rows_train_together(tokenizer):
+def test_passage_supervision_and_regex_rows_train_together(tokenizer, tmp_path):
     from openrealm.trainers.openqa import OpenQACollator
 
     model = make_openqa_model(seed=3)
@@ -457,10 +447,10 @@ def test_passage_supervision_and_regex_rows_train_together(tokenizer):
     assert retrieved[1][reader_output.passage_correct[1]].tolist() == [1]
     assert retrieved[0][reader_output.retriever_correct[0]].tolist() == [0]  # the regex found "egypt"
     assert (reader_output.passage_loss > 0).all()
-    summary = finetune_openqa(
-        model, rows, max_steps=2, batch_size=2, warmup_steps=0, passage_supervision=True, logging_steps=1,
-        progress=False, save=False,
-    )  # fmt: skip
+    args = openqa_training_arguments(
+        tmp_path, 2, warmup_steps=0, per_device_train_batch_size=2, logging_steps=1, disable_tqdm=True
+    )
+    summary = finetune_openqa(model, rows, None, args, OpenQAArguments(passage_supervision=True), save=False)
     assert summary["passage_supervision"] is True
     assert [row["step"] for row in summary["train_loss"]] == [1, 2]
     assert all(row["loss"] > 0 for row in summary["train_loss"])

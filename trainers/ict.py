@@ -41,7 +41,7 @@ from openrealm.trainers.embedding import embed_corpus, embed_queries, exact_inde
 from openrealm.trainers.options import EMBEDDING_DROPOUT, MASK_RATE
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.stage_utils import (
-    google_warmup_steps,
+    google_training_arguments,
 )
 from openrealm.trainers.towers import freeze_unused_mlm_head
 
@@ -432,11 +432,9 @@ def fixed_eval_examples(blocks, size: int, mask_rate: float = MASK_RATE, seed: i
 
 
 def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, blocks):
-    """A transformers Trainer for ICT over `blocks` (Google's optimiser: AdamW, weight decay 0.01 without LayerNorm and
-    biases, eps 1e-6, clip 1.0, linear warm-up then linear decay to 0)."""
+    """A transformers Trainer for ICT over `blocks`, with Google's optimiser (google_training_arguments)."""
     from transformers import TrainingArguments
 
-    warmup = google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps
     # accelerate sets up a multi-process CPU run (gloo), or CPU bf16, only when told to use the CPU; without it a
     # CUDA-less `torchrun` / `accelerate launch --multi_gpu` would run N unaware copies of a single-process job.
     multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -444,36 +442,17 @@ def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, 
     # Recent transformers 5 releases renamed gradient_checkpointing (now a deprecated alias) activation_checkpointing.
     fields = TrainingArguments.__dataclass_fields__
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    training_args = TrainingArguments(
+    training_args = google_training_arguments(
+        args,
         use_cpu=use_cpu,
-        output_dir=args.output,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        weight_decay=0.01,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        lr_scheduler_type="linear",
-        warmup_steps=warmup,
-        logging_steps=args.logging_steps,
-        save_strategy="steps" if args.save_steps else "no",
-        save_steps=args.save_steps or 500,
-        save_total_limit=args.save_total_limit,
         eval_strategy="steps" if args.eval_steps else "no",
         eval_steps=args.eval_steps or None,
-        seed=args.seed,
-        data_seed=args.seed,
         dataloader_drop_last=True,  # Google: batch(drop_remainder); full batches keep the negatives' count fixed
         dataloader_num_workers=args.num_workers,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        remove_unused_columns=False,  # the collator reads corpus columns the model does not take
         label_names=LABEL_NAMES,
         ddp_find_unused_parameters=False,  # IctModel freezes the one unused part (the MLM head)
-        bf16=args.bf16,
         **{checkpointing: args.gradient_checkpointing},
-        report_to=args.report_to,
-        disable_tqdm=args.quiet,
     )
     world = training_args.world_size
     if len(blocks) < 2 or args.batch_size * world < 2:

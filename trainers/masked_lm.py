@@ -33,7 +33,7 @@ from openrealm.trainers.checkpoints import StagedCheckpointTrainer
 from openrealm.trainers.output import quiet_trainer_logs
 from openrealm.trainers.stage_utils import (
     eval_mode,
-    google_warmup_steps,
+    google_training_arguments,
 )
 
 MLM_PROBABILITY = 0.15  # BERT's
@@ -143,33 +143,10 @@ def eval_batches(dataset: CorpusBlocks, tokenizer, size: int, batch_size: int, s
 
 
 def build_trainer(args: argparse.Namespace, model: MaskedLmModel, tokenizer, dataset: CorpusBlocks):
-    """A transformers Trainer with BERT's optimiser (AdamW, weight decay 0.01, eps 1e-6, clip 1.0, linear warm-up
-    then linear decay to 0), as train ict."""
-    from transformers import TrainingArguments
-
+    """A transformers Trainer with BERT's optimiser (stage_utils.google_training_arguments), as train ict."""
     multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    training_args = TrainingArguments(
-        use_cpu=not torch.cuda.is_available() and (multi_process or args.bf16),
-        output_dir=args.output,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        weight_decay=0.01,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        lr_scheduler_type="linear",
-        warmup_steps=google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps,
-        logging_steps=args.logging_steps,
-        save_strategy="steps" if args.save_steps else "no",
-        save_steps=args.save_steps or 500,
-        save_total_limit=args.save_total_limit,
-        seed=args.seed,
-        data_seed=args.seed,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        remove_unused_columns=False,
-        bf16=args.bf16,
-        report_to=args.report_to,
-        disable_tqdm=args.quiet,
+    training_args = google_training_arguments(
+        args, use_cpu=not torch.cuda.is_available() and (multi_process or args.bf16)
     )
     trainer = StagedCheckpointTrainer(
         model=model,

@@ -13,11 +13,13 @@ answers). What it writes and the REALM++ options: docs/openqa.md.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -310,102 +312,113 @@ class DevEvaluationCallback(TrainerCallback):
             state.log_history.append({"step": state.global_step, **{f"dev_{k}": v for k, v in metrics.items()}})
 
 
+@dataclass
+class OpenQAArguments:
+    """What open-QA fine-tuning adds to transformers' `TrainingArguments` (ORQA's beams and supervision, REALM++'s
+    options; docs/openqa.md): the retriever loss scores the top `searcher_beam_size` blocks, the reader reads the top
+    `reader_beam_size` in training and `eval_reader_beam_size` at inference; `passage_supervision` counts a block as
+    gold when it holds `min_passage_overlap` of the gold passage's words; more than `max_dropped_share` of the
+    questions read without an answer in their blocks stops the run (trainers/dropped.py)."""
+
+    searcher_beam_size: int = SEARCHER_BEAM_SIZE
+    reader_beam_size: int = READER_BEAM_SIZE
+    eval_reader_beam_size: int = EVAL_READER_BEAM_SIZE
+    passage_supervision: bool = False
+    min_passage_overlap: float = MIN_PASSAGE_OVERLAP
+    max_question_length: int = 64
+    max_dropped_share: float = MAX_DROPPED_SHARE
+
+
+def openqa_training_arguments(
+    output_dir: str | os.PathLike, max_steps: int = 1000, *, warmup_steps: int | None = None, **arguments
+) -> TrainingArguments:
+    """`TrainingArguments` with ORQA's defaults where transformers' differ: learning rate 1e-5, weight decay 0.01,
+    Google's warm-up (min(10000, max(100, max_steps / 10)) steps when `warmup_steps` is None), a log every 10 steps,
+    no reporting, the CPU without CUDA. `arguments`: any other field (per_device_train_batch_size,
+    gradient_accumulation_steps, eval_steps (dev evaluation period; default: before and after training only),
+    per_device_eval_batch_size, seed, bf16, disable_tqdm, ...). output_dir: where the fine-tuned model is saved."""
+    defaults = dict(
+        learning_rate=LEARNING_RATE,
+        weight_decay=0.01,
+        logging_steps=10,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+    )
+    warmup = google_warmup_steps(max_steps) if warmup_steps is None else warmup_steps
+    return TrainingArguments(
+        output_dir=str(output_dir), max_steps=max_steps, warmup_steps=warmup, **{**defaults, **arguments}
+    )
+
+
 def finetune_openqa(
     model: RealmForOpenQA,
     train_dataset,
     dev_dataset=None,
-    output_dir: str | os.PathLike = "openqa-output",
-    max_steps: int = 1000,
+    args: TrainingArguments | None = None,
+    openqa_args: OpenQAArguments | None = None,
     *,
-    batch_size: int = 8,
-    gradient_accumulation_steps: int = 1,
-    learning_rate: float = LEARNING_RATE,
-    warmup_steps: int | None = None,
-    weight_decay: float = 0.01,
-    searcher_beam_size: int = SEARCHER_BEAM_SIZE,
-    reader_beam_size: int = READER_BEAM_SIZE,
-    eval_reader_beam_size: int = EVAL_READER_BEAM_SIZE,
-    eval_steps: int | None = None,
-    eval_batch_size: int = 8,
-    passage_supervision: bool = False,
     gold_passages: Mapping[str, str] | None = None,
-    min_passage_overlap: float = MIN_PASSAGE_OVERLAP,
-    max_question_length: int = 64,
-    logging_steps: int = 10,
-    seed: int = 0,
-    bf16: bool = False,
-    report_to: str | list[str] = "none",
-    progress: bool = True,
     save: bool = True,
     summary_extras: dict | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     print_logs: bool = False,
-    max_dropped_share: float = MAX_DROPPED_SHARE,
 ) -> dict:
-    """Fine-tune `model` (a RealmForOpenQA with its retriever) on QA rows and save it into output_dir.
+    """Fine-tune `model` (a RealmForOpenQA with its retriever) on QA rows and save it into `args.output_dir`.
 
-    train_dataset / dev_dataset: `load_qa_dataset` results, lists of rows, or JSONL paths. batch_size questions per
-    step and device, times gradient_accumulation_steps per optimiser step. warmup_steps default: ORQA's
-    min(10000, max(100, max_steps / 10)). eval_steps: dev evaluation period (default: before and after training only).
-    callbacks: more TrainerCallbacks (e.g. the quickstart's plots). print_logs: also print the Trainer's dict of
-    metrics at each logging step (they are in the summary's log history either way).
-    max_dropped_share: ValueError, and nothing saved, when more than this share of the training questions read had
-    no answer in their retrieved blocks (trainers.dropped; checked at logging steps and at the end); above
-    WARN_DROPPED_SHARE the summary's `dropped_warning` says so.
+    train_dataset / dev_dataset: `load_qa_dataset` results, lists of rows, or JSONL paths. args: transformers'
+    TrainingArguments (default `openqa_training_arguments("openqa-output")`): per_device_train_batch_size questions
+    per step and device, times gradient_accumulation_steps per optimiser step; eval_steps: the dev evaluation period.
+    The Trainer itself saves nothing: the folder is written once, at the end (save_finetuned). openqa_args: ORQA's and
+    REALM++'s options (OpenQAArguments). gold_passages: passage id -> text, for passage supervision. callbacks: more
+    TrainerCallbacks (e.g. the quickstart's plots). print_logs: also print the Trainer's dict of metrics at each
+    logging step (they are in the summary's log history either way). A ValueError, and nothing saved, when more than
+    `max_dropped_share` of the training questions read had no answer in their retrieved blocks (trainers.dropped;
+    checked at logging steps and at the end); above WARN_DROPPED_SHARE the summary's `dropped_warning` says so.
     Returns the training summary (also written to output_dir/openqa_training.json when save).
     """
+    args = openqa_training_arguments("openqa-output") if args is None else args
+    options = OpenQAArguments() if openqa_args is None else openqa_args
     train_dataset, dev_dataset = as_dataset(train_dataset), as_dataset(dev_dataset)
     if train_dataset is None or len(train_dataset) == 0:
         raise ValueError("The training set holds no questions.")
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be positive, got {max_steps}")
-    if min(batch_size, gradient_accumulation_steps, reader_beam_size, eval_reader_beam_size, searcher_beam_size) < 1:
+    if args.max_steps < 1:
+        raise ValueError(f"max_steps must be positive, got {args.max_steps}")
+    beams = (options.searcher_beam_size, options.reader_beam_size, options.eval_reader_beam_size)
+    if min(args.per_device_train_batch_size, args.gradient_accumulation_steps, *beams) < 1:
         raise ValueError("batch sizes, accumulation steps and beam sizes must be positive")
-    if passage_supervision and "gold_passage_id" not in train_dataset.column_names:
+    if options.passage_supervision and "gold_passage_id" not in train_dataset.column_names:
         raise ValueError("passage_supervision needs a gold_passage_id column in the training set.")
     retriever = model._require_retriever()
     num_blocks = retriever.index.num_blocks
-    model.config.searcher_beam_size = min(searcher_beam_size, num_blocks)
-    model.config.reader_beam_size = min(reader_beam_size, num_blocks)
-    eval_beam = min(eval_reader_beam_size, num_blocks)
-    output_dir = Path(output_dir)
+    model.config.searcher_beam_size = min(options.searcher_beam_size, num_blocks)
+    model.config.reader_beam_size = min(options.reader_beam_size, num_blocks)
+    eval_beam = min(options.eval_reader_beam_size, num_blocks)
+    output_dir = Path(args.output_dir)
 
     latest = {}  # the newest dev evaluation, predictions included
 
     def evaluate() -> dict:
-        latest["results"] = evaluate_openqa(model, dev_dataset, batch_size=eval_batch_size, num_blocks=eval_beam)
+        latest["results"] = evaluate_openqa(
+            model, dev_dataset, batch_size=args.per_device_eval_batch_size, num_blocks=eval_beam
+        )
         return summarize_evaluation(latest["results"])
 
-    callback = DevEvaluationCallback(dev_dataset, eval_steps, evaluate)
+    callback = DevEvaluationCallback(dev_dataset, args.eval_steps, evaluate)
     collator = OpenQACollator(
         retriever.tokenizer,
-        max_question_length,
-        passage_supervision,
+        options.max_question_length,
+        options.passage_supervision,
         gold_passages,
         num_blocks=num_blocks,
-        min_passage_overlap=min_passage_overlap,
+        min_passage_overlap=options.min_passage_overlap,
     )
     with tempfile.TemporaryDirectory(prefix="openqa-trainer-") as scratch:
-        arguments = TrainingArguments(
-            output_dir=scratch,
-            max_steps=max_steps,
-            per_device_train_batch_size=batch_size,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            learning_rate=learning_rate,
-            warmup_steps=google_warmup_steps(max_steps) if warmup_steps is None else warmup_steps,
-            weight_decay=weight_decay,
-            logging_steps=logging_steps,
-            save_strategy="no",
-            report_to=report_to,
-            remove_unused_columns=False,
-            dataloader_num_workers=0,
-            seed=seed,
-            bf16=bf16,
-            disable_tqdm=not progress,
-            use_cpu=not torch.cuda.is_available(),
+        # The Trainer writes into a scratch folder (it saves nothing); the model is saved once, at the end.
+        arguments = dataclasses.replace(
+            args, output_dir=scratch, save_strategy="no", remove_unused_columns=False, dataloader_num_workers=0
         )
-        causes = unanswered_causes(model.config.searcher_beam_size, passage_supervision)
-        guard = DroppedExamplesGuard(lambda: trainer.drops(), causes, max_dropped_share, QUESTIONS_READ)
+        causes = unanswered_causes(model.config.searcher_beam_size, options.passage_supervision)
+        guard = DroppedExamplesGuard(lambda: trainer.drops(), causes, options.max_dropped_share, QUESTIONS_READ)
         trainer = OpenQATrainer(
             model=model,
             args=arguments,
@@ -419,8 +432,8 @@ def finetune_openqa(
         started = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - started
-    refusal, warning = check_dropped(*trainer.drops(), causes, max_dropped_share, QUESTIONS_READ)
-    refusal = guard.final_refusal("open-QA fine-tuning", max_steps, refusal)
+    refusal, warning = check_dropped(*trainer.drops(), causes, options.max_dropped_share, QUESTIONS_READ)
+    refusal = guard.final_refusal("open-QA fine-tuning", args.max_steps, refusal)
     if refusal is not None:
         raise ValueError(refusal)
     model.config.reader_beam_size = eval_beam  # REALM++: read more blocks at inference than in training
@@ -428,15 +441,15 @@ def finetune_openqa(
     losses = [{"step": row["step"], "loss": row["loss"]} for row in trainer.state.log_history if "loss" in row]
     summary = {
         **(summary_extras or {}),
-        "max_steps": max_steps,
-        "batch_size": batch_size,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        "learning_rate": learning_rate,
+        "max_steps": args.max_steps,
+        "batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "learning_rate": args.learning_rate,
         "warmup_steps": arguments.warmup_steps,
         "searcher_beam_size": model.config.searcher_beam_size,
-        "reader_beam_size_train": min(reader_beam_size, num_blocks),
+        "reader_beam_size_train": min(options.reader_beam_size, num_blocks),
         "reader_beam_size_eval": eval_beam,
-        "passage_supervision": passage_supervision,
+        "passage_supervision": options.passage_supervision,
         "num_blocks": num_blocks,
         "num_train_questions": len(train_dataset),
         "num_questions_read": trainer.num_questions,
@@ -487,6 +500,8 @@ __all__ = [
     "finetune_openqa",
     "load_openqa_model",
     "openqa_model_from_pretraining",
+    "openqa_training_arguments",
+    "OpenQAArguments",
     "OpenQACollator",
     "read_gold_passages",
     "save_finetuned",

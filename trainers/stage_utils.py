@@ -1,5 +1,6 @@
-"""What every training stage shares: Google's warm-up rule, `--config-overrides`, the output-folder checks and lock,
-eval mode for a while, and the end of a multi-process run. No stage imports another stage's module for these."""
+"""What every training stage shares: Google's optimisation and warm-up rule, `--config-overrides`, the output-folder
+checks and lock, eval mode for a while, and the end of a multi-process run. No stage imports another stage's
+module for these."""
 
 from __future__ import annotations
 
@@ -26,6 +27,40 @@ if TYPE_CHECKING:
 def google_warmup_steps(max_steps: int) -> int:
     """Google's warm-up: min(10000, max(100, max_steps / 10)) steps (BERT optimisation, used by ICT and ORQA)."""
     return int(min(10000, max(100, max_steps // 10)))
+
+
+def google_training_arguments(args: argparse.Namespace, **arguments):
+    """transformers' TrainingArguments with BERT's optimisation as Google's REALM and ORQA code runs it
+    (optimization.py: AdamW, weight decay 0.01 without LayerNorm and biases, eps 1e-6, clip 1.0, linear warm-up then
+    linear decay to 0), filled from the options every training job shares (--output, --max-steps, --batch-size,
+    --learning-rate, --warmup-steps, --logging-steps, --save-steps, --save-total-limit, --seed, --bf16, --report-to,
+    --quiet). `arguments`: what a job adds or changes."""
+    from transformers import TrainingArguments
+
+    save_steps = getattr(args, "save_steps", None)
+    shared = dict(
+        output_dir=args.output,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        weight_decay=0.01,
+        adam_epsilon=1e-6,
+        max_grad_norm=1.0,
+        lr_scheduler_type="linear",
+        warmup_steps=google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps,
+        logging_steps=args.logging_steps,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        save_total_limit=getattr(args, "save_total_limit", None),
+        seed=args.seed,
+        data_seed=args.seed,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        remove_unused_columns=False,  # the collators read corpus columns the models do not take
+        bf16=args.bf16,
+        report_to=args.report_to,
+        disable_tqdm=args.quiet,
+    )
+    return TrainingArguments(**{**shared, **arguments})
 
 
 def parse_config_overrides(text: str | None) -> dict:
@@ -159,6 +194,7 @@ def all_cpu_cores() -> Iterator[None]:
 __all__ = [
     "all_cpu_cores",
     "eval_mode",
+    "google_training_arguments",
     "google_warmup_steps",
     "holding_output",
     "leave_process_group",

@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 
 from openrealm.trainers.evaluation import load_qa_dataset
-from openrealm.trainers.openqa import finetune_openqa, load_openqa_model, read_gold_passages
+from openrealm.trainers.openqa import (
+    OpenQAArguments,
+    finetune_openqa,
+    load_openqa_model,
+    openqa_training_arguments,
+    read_gold_passages,
+)
 from openrealm.trainers.stage_utils import holding_output, prepare_output
 
 
@@ -30,31 +36,37 @@ def run(args: argparse.Namespace) -> int:
     model = load_openqa_model(
         args.model, embedder=args.embedder, encoder=args.encoder, corpus=args.corpus, index=args.index
     )
-    summary = finetune_openqa(
-        model,
-        train_dataset,
-        dev_dataset,
-        output_dir=args.output,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
+    training_args = openqa_training_arguments(
+        args.output,
+        args.max_steps,
+        warmup_steps=args.warmup_steps,
+        per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         learning_rate=args.learning_rate,
-        warmup_steps=args.warmup_steps,
-        searcher_beam_size=args.searcher_beam_size,
-        reader_beam_size=args.reader_beam_size,
-        eval_reader_beam_size=args.eval_reader_beam_size,
         eval_steps=args.eval_steps,
-        eval_batch_size=args.eval_batch_size,
-        passage_supervision=args.passage_supervision,
-        gold_passages=gold_passages,
-        min_passage_overlap=args.min_passage_overlap,
+        per_device_eval_batch_size=args.eval_batch_size,
         logging_steps=args.logging_steps,
         seed=args.seed,
         bf16=args.bf16,
         report_to=args.report_to,
-        progress=not args.quiet,
-        print_logs=args.verbose,
+        disable_tqdm=args.quiet,
+    )
+    openqa_args = OpenQAArguments(
+        searcher_beam_size=args.searcher_beam_size,
+        reader_beam_size=args.reader_beam_size,
+        eval_reader_beam_size=args.eval_reader_beam_size,
+        passage_supervision=args.passage_supervision,
+        min_passage_overlap=args.min_passage_overlap,
         max_dropped_share=args.max_dropped_share,
+    )
+    summary = finetune_openqa(
+        model,
+        train_dataset,
+        dev_dataset,
+        training_args,
+        openqa_args,
+        gold_passages=gold_passages,
+        print_logs=args.verbose,
         summary_extras={
             "model": args.model or f"{args.embedder} + {args.encoder}",
             "corpus": args.corpus,

@@ -78,7 +78,7 @@ from openrealm.trainers.pretraining.trainer import (
     write_rank_record,
 )
 from openrealm.trainers.stage_utils import (
-    google_warmup_steps,
+    google_training_arguments,
     holding_output,
     leave_process_group,
     parse_config_overrides,
@@ -127,7 +127,6 @@ def build_trainer(
 ) -> RealmPretrainingTrainer:
     """The Trainer with its collator, model and refresh callback (Google's optimiser, as trainers/ict.py); callbacks:
     more TrainerCallbacks, added after the refresh callback (so they see each step's index swap)."""
-    from transformers import TrainingArguments
 
     embedder.to("cuda" if torch.cuda.is_available() else "cpu")
     examples = RealmPretrainingExamples(
@@ -157,34 +156,14 @@ def build_trainer(
             "num_shards": index_shards(args, int(os.environ.get("WORLD_SIZE", "1"))),
         },
     )
-    warmup = google_warmup_steps(args.max_steps) if args.warmup_steps is None else args.warmup_steps
-    training_args = TrainingArguments(
-        output_dir=args.output,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        weight_decay=0.01,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        lr_scheduler_type="linear",
-        warmup_steps=warmup,
-        logging_steps=args.logging_steps,
-        save_strategy="steps" if getattr(args, "save_steps", None) else "no",
-        save_steps=getattr(args, "save_steps", None) or 500,
-        save_total_limit=getattr(args, "save_total_limit", None),
-        seed=args.seed,
-        data_seed=args.seed,
+    training_args = google_training_arguments(
+        args,
         dataloader_drop_last=True,
         # The collator must run in this process: its examples object is the one the refresh callback updates.
         dataloader_num_workers=0,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        remove_unused_columns=False,  # the collator reads corpus columns the model does not take
         label_names=["labels"],
         gradient_accumulation_steps=getattr(args, "gradient_accumulation_steps", 1),
-        bf16=args.bf16,
         use_cpu=runs_on_cpu_processes(),  # DDP over gloo when several processes run without a GPU
-        report_to=args.report_to,
-        disable_tqdm=args.quiet,
     )
     model = RealmPretrainingModel(
         embedder,

@@ -316,25 +316,36 @@ class Stages:
 
     def finetune(self, name: str, embedder: Path, encoder: Path | str) -> Path:
         """Open-QA fine-tuning on the world's training questions; dev questions evaluated before and after."""
-        from openrealm.trainers.openqa import finetune_openqa, openqa_model_from_pretraining
+        from openrealm.trainers.openqa import (
+            OpenQAArguments,
+            finetune_openqa,
+            openqa_model_from_pretraining,
+            openqa_training_arguments,
+        )
 
         preset = self.preset
         output = self.path(f"{name}-openqa")
         model = openqa_model_from_pretraining(embedder, encoder, self.path("corpus"))
         world = self.path("world")
+        training_args = openqa_training_arguments(
+            output,
+            preset.finetune_steps,
+            per_device_train_batch_size=preset.finetune_batch_size,
+            learning_rate=preset.finetune_learning_rate,
+            seed=self.seed,
+            disable_tqdm=not self.progress,
+        )
+        openqa_args = OpenQAArguments(
+            searcher_beam_size=preset.searcher_beam_size,
+            reader_beam_size=preset.reader_beam_size,
+            eval_reader_beam_size=preset.eval_reader_beam_size,
+        )
         summary = finetune_openqa(
             model,
             str(world / "questions_train.jsonl"),
             str(world / "questions_dev.jsonl"),
-            output_dir=output,
-            max_steps=preset.finetune_steps,
-            batch_size=preset.finetune_batch_size,
-            learning_rate=preset.finetune_learning_rate,
-            searcher_beam_size=preset.searcher_beam_size,
-            reader_beam_size=preset.reader_beam_size,
-            eval_reader_beam_size=preset.eval_reader_beam_size,
-            seed=self.seed,
-            progress=self.progress,
+            training_args,
+            openqa_args,
             summary_extras={"model": f"{embedder} + {encoder}", "corpus": str(self.path("corpus")), "train": "world"},
         )
         print(f"{name}: dev exact match {summary['dev_before']} -> {summary['dev_after']}")
