@@ -18,14 +18,16 @@ from transformers import AutoTokenizer
 
 from openrealm import RealmBlockIndex, RealmEmbedder, ShardedBlockIndex
 from openrealm.trainers.indexing import build_index, list_versions
-from openrealm.trainers.pretraining.builder import build_request, default_builder_device, read_build_status
-from openrealm.trainers.pretraining.refresh import (
+from openrealm.trainers.pretraining.builder import (
     SNAPSHOTS_DIR,
-    IndexRefreshCallback,
+    build_request,
     clone_tensors,
+    default_builder_device,
     load_snapshot,
+    read_build_status,
     snapshot_embedder,
 )
+from openrealm.trainers.pretraining.refresh import IndexRefreshCallback
 
 BUILD_TIMEOUT = 90  # seconds an async build may take (a builder process imports torch + transformers)
 
@@ -142,7 +144,7 @@ def test_async_build_runs_in_another_process_without_blocking_the_steps(world_co
     steps = Steps(callback, embedder)
     steps.step()
     steps.step()  # step 2 ends: a snapshot is saved and the builder starts
-    builder = callback.builder_process(timeout=30)  # started on the callback's background thread
+    builder = callback.pending_swaps.builder_process(timeout=30)  # started on the callback's background thread
     assert builder.pid != os.getpid() and builder.poll() is None
     assert (tmp_path / "index" / SNAPSHOTS_DIR / "step-2" / "config.json").is_file()
     run_until_swap(steps)
@@ -162,20 +164,20 @@ def test_async_build_runs_in_another_process_without_blocking_the_steps(world_co
 @pytest.mark.slow
 def test_async_snapshot_holds_the_parameters_of_its_step_while_training_goes_on(world_corpus, tmp_path):
     embedder, examples, callback = setup_refresh(world_corpus, tmp_path / "index", "async", refresh_every=2)
-    start_builder = callback._start_builder
+    start_builder = callback.pending_swaps.start_builder
 
     def late_start(*args):  # the background thread gets to the snapshot only after more training steps
         time.sleep(0.5)
         return start_builder(*args)
 
-    callback._start_builder = late_start
+    callback.pending_swaps.start_builder = late_start
     steps = Steps(callback, embedder)
     steps.step()
     steps.step()  # step 2 ends: only the parameters are cloned on the step
     at_step_2 = {name: tensor.clone() for name, tensor in embedder.state_dict().items()}
     for _ in range(3):
         steps.step()  # the optimiser stand-in changes the embedder in place meanwhile
-    callback.builder_process(timeout=30)
+    callback.pending_swaps.builder_process(timeout=30)
     saved = RealmEmbedder.from_pretrained(tmp_path / "index" / SNAPSHOTS_DIR / "step-2")
     # exact: the snapshot is a copy of the weights at step 2
     assert all(torch.equal(saved.state_dict()[name], value) for name, value in at_step_2.items())
@@ -257,7 +259,7 @@ def test_lagged_async_refresh_holds_a_finished_build_until_its_step(world_corpus
     steps = Steps(callback, embedder)
     steps.step()
     steps.step()  # the build of the step-2 snapshot starts
-    callback.builder_process(timeout=30).wait(timeout=BUILD_TIMEOUT)
+    callback.pending_swaps.builder_process(timeout=30).wait(timeout=BUILD_TIMEOUT)
     for _ in range(41):
         steps.step(0.01)
     # Built long before, swapped in exactly 40 steps after its snapshot; the next build starts on the following step
@@ -280,8 +282,8 @@ def test_async_builds_go_to_one_long_lived_builder_process_that_ends_with_traini
     while len(callback.swaps) < 3:
         assert time.monotonic() < deadline, callback.failures
         steps.step()
-        if callback._build is not None:
-            builders.add(callback.builder_process(timeout=30).pid)
+        if callback.pending_swaps.running is not None:
+            builders.add(callback.pending_swaps.builder_process(timeout=30).pid)
     # Three versions, each swapped in 2 steps after its snapshot, all built by the same process.
     assert [(s["version"], s["step"] - s["snapshot_step"]) for s in callback.swaps] == [(1, 2), (2, 2), (3, 2)]
     assert len(builders) == 1 and builders != {os.getpid()}
@@ -332,7 +334,7 @@ def test_a_builder_process_that_dies_fails_its_build_and_the_next_build_starts_a
     steps = Steps(callback, embedder)
     steps.step()
     steps.step()  # the first build goes to a new builder process
-    first = callback.builder_process(timeout=30)
+    first = callback.pending_swaps.builder_process(timeout=30)
     first.kill()
     run_until(steps, lambda: callback.builds_failed > 0)
     assert "the builder process exited with status" in callback.failures[0]["log_tail"]

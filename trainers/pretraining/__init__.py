@@ -5,6 +5,8 @@ examples.py    masked queries -> top-K candidates from the current index, null d
 model.py       RealmPretrainingModel: the marginal masked-LM likelihood that trains the retriever
 trainer.py     the Trainer subclass, collator and callbacks; checkpoints that carry the index in use
 refresh.py     IndexRefreshCallback: the index refresh (async, sync, off) and the swap at a step boundary
+pending_swaps.py  the async builds in flight: the build running, the version loading, the swap decision
+rank_agreement.py  every rank swaps to the same version at the same step (one all-reduce per step boundary)
 builder.py     the async builder process, both ends of it
 evaluation.py  Figure 4: retrieval utility and recall@k on fixed masked queries
 retriever_bound.py  the ceiling of REALM's signal: its retriever objective with a perfect reader over every block

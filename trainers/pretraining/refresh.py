@@ -3,10 +3,11 @@ refresh_doc_embeds.py; paper section 3.3).
 
 It keeps the (query embedder snapshot, index) pair of a `RealmPretrainingExamples` up to date with the training
 embedder: async (a builder process embeds while training goes on; the new pair is swapped in at a step boundary),
-sync (training waits for each build) or off. Under several processes every rank swaps to the same version at the same
-step: the ranks all-reduce one small CPU vector at every step boundary (over gloo). It also records what a checkpoint
-needs to resume on the same pair (`checkpoint_state`, `restore`) and prunes old versions. How it works, what it logs
-and where it departs from Google's code: docs/pretraining.md ("How the index refresh works").
+sync (training waits for each build) or off. This module holds the Trainer's side: when to build, the swap, what is
+logged, what a checkpoint needs to resume on the same pair (`checkpoint_state`, `restore`), pruning old versions. The
+async builds in flight are pending_swaps.py's `PendingSwaps`; under several processes every rank swaps to the same
+version at the same step through rank_agreement.py's `RankAgreement`. How it works, what it logs and where it departs
+from Google's code: docs/pretraining.md ("How the index refresh works").
 """
 
 from __future__ import annotations
@@ -14,30 +15,24 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
-from openrealm.file_utils import clean_leftovers
 from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.trainers.indexing import build_index, list_versions, load_index, next_version, version_dir_name
 from openrealm.trainers.options import REFRESH_MODES as MODES
 from openrealm.trainers.pretraining.builder import (
-    POLL_SECONDS,
     SNAPSHOTS_DIR,
     BuilderCommand,
     BuilderProcess,
-    ServedBuild,
-    clone_tensors,
     default_builder_device,
-    load_snapshot,
-    log_tail,
     snapshot_embedder,
 )
+from openrealm.trainers.pretraining.pending_swaps import PendingSwaps
+from openrealm.trainers.pretraining.rank_agreement import RankAgreement
 from openrealm.trainers.stage_utils import rank_and_world, unwrap_model
 
 logger = logging.getLogger(__name__)
@@ -121,11 +116,8 @@ class IndexRefreshCallback(TrainerCallback):
         self.versions_by_step: list[tuple[int, int]] = []  # (first step run with a version, that version)
         self.protected_versions: set[int] = set()  # index versions pruning must keep (used by kept checkpoints)
         self.index_in_use_root = self.index_root  # the root of the index in use (set it when that came from elsewhere)
-        self._build: dict | None = None  # main process: the running async build (start future, version, snapshot, ...)
-        self._pending: dict | None = None  # every process: the built version being loaded, swapped in once all have it
-        self._clones: dict[int, torch.Tensor] | None = None  # the tensors of the last snapshot, reused
-        self._executor: ThreadPoolExecutor | None = None  # snapshot save + builder start, and index loading
-        self._group = None  # the process group the swap decision is reduced over (gloo: CPU tensors, no device sync)
+        self.pending_swaps = PendingSwaps(self)  # async: the build running, then the version loading until its swap
+        self.agreement = RankAgreement()  # several processes: the same swap on every rank at the same step
 
     # -- state --------------------------------------------------------------------------------------------------------
 
@@ -135,7 +127,7 @@ class IndexRefreshCallback(TrainerCallback):
 
     @property
     def building(self) -> bool:
-        return self._build is not None or self._pending is not None
+        return self.pending_swaps.busy
 
     @property
     def is_main_process(self) -> bool:
@@ -162,18 +154,12 @@ class IndexRefreshCallback(TrainerCallback):
     # -- Trainer events -----------------------------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):
-        world = rank_and_world()[1]
-        if world > 1 and self.mode != "off" and self._group is None:
-            # Every rank calls on_train_begin: the one place to create a group collectively. With NCCL training the
-            # per-step swap decision goes over gloo, so it never waits for the GPU.
-            backend = torch.distributed.get_backend()
-            self._group = (
-                torch.distributed.group.WORLD if backend == "gloo" else torch.distributed.new_group(backend="gloo")
-            )
+        if self.mode != "off":
+            self.agreement.join()  # every rank calls on_train_begin: the one place to create a group collectively
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.mode == "async":
-            self.poll(state.global_step)
+            self.pending_swaps.poll(state.global_step)
         if not self.versions_by_step or self.versions_by_step[-1][1] != self.index_version:
             self.versions_by_step.append((state.global_step + 1, self.index_version))
 
@@ -184,7 +170,7 @@ class IndexRefreshCallback(TrainerCallback):
         if self.mode == "sync":
             self.refresh_sync(embedder, state.global_step)
         elif self.is_main_process and not self.building:  # the main process owns the builder
-            self.start_build(embedder, state.global_step)
+            self.pending_swaps.start(embedder, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         # Trainer.log appended its entry to log_history just before calling the callbacks: complete that entry, and
@@ -213,7 +199,7 @@ class IndexRefreshCallback(TrainerCallback):
             from accelerate import PartialState
 
             accelerator = PartialState()
-        version = self._agree_on_version(self.next_version() if rank == 0 else -1)
+        version = self.agreement.agree_on_version(self.next_version() if rank == 0 else -1)
         self.builds_started += 1
         self.last_build_step = global_step
         index = build_index(
@@ -229,7 +215,7 @@ class IndexRefreshCallback(TrainerCallback):
         # Every rank maps the written version (the builder's in-memory copy on the main process is dropped): the
         # ranks share its pages instead of each holding the embeddings.
         index = self.load_version(index.version)
-        self._swap(snapshot, index, global_step, global_step, snapshot_time, started)
+        self.swap(snapshot, index, global_step, global_step, snapshot_time, started)
         if rank == 0:
             self.prune_versions()
 
@@ -241,226 +227,9 @@ class IndexRefreshCallback(TrainerCallback):
         device = self.device or next(self.examples.query_embedder.parameters()).device
         return load_index(self.index_root, version, device=device, sharded=True)
 
-    def _agree_on_version(self, version: int) -> int:
-        """The main process's version number, on every process."""
-        if rank_and_world()[1] == 1:
-            return version
-        value = torch.tensor([version], dtype=torch.int64)
-        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=self._group_or_world())
-        return int(value)
-
-    # -- async --------------------------------------------------------------------------------------------------------
-
-    def start_build(self, embedder: torch.nn.Module, global_step: int) -> None:
-        """Snapshot the embedder and start a builder process for the next version (does not wait).
-
-        On the training step only the parameters are copied (a device-side clone: they are exactly this step's
-        parameters, whatever the optimiser does next); building the snapshot module from them, saving it and starting
-        the builder process happen on a background thread (logged: refresh_build_start_seconds = the part on the step).
-        """
-        started = time.perf_counter()
-        # The clones are reused from build to build: the previous snapshot module built around them was dropped once
-        # saved (every rank, this one included, loads the query embedder of a version from its saved snapshot).
-        self._clones = clones = clone_tensors(embedder, self._clones)
-        snapshot_time = time.time()
-        snapshot_dir = self.index_root / SNAPSHOTS_DIR / f"step-{global_step}"
-        version = self.next_version()
-        argv = self.builder.argv(snapshot_dir, version)
-        start = self._background().submit(self._start_builder, embedder, clones, snapshot_dir, version, argv)
-        self.builds_started += 1
-        self.last_build_step = global_step
-        self._build = {
-            "start": start,  # future -> builder process
-            "version": version,
-            "snapshot_dir": snapshot_dir,
-            "log": snapshot_dir / "build.log",
-            "step": global_step,
-            "time": snapshot_time,
-        }
-        self.build_start_seconds = time.perf_counter() - started
-
-    def _start_builder(
-        self, embedder, clones: dict, snapshot_dir: Path, version: int, argv: list[str] | None
-    ) -> subprocess.Popen | ServedBuild:
-        """(background thread) The snapshot module from the cloned tensors, saved; then the build handed to the
-        builder process."""
-        if snapshot_dir.exists():  # a failed build of the same step: start clean
-            shutil.rmtree(snapshot_dir)
-        snapshot_embedder(embedder, clones=clones).save_pretrained(snapshot_dir)
-        return self.builder.start(snapshot_dir, version, argv)
-
-    def builder_process(self, timeout: float | None = None) -> subprocess.Popen | None:
-        """The running builder process (waits up to `timeout` s for the background start); None when none runs."""
-        build = self._build
-        return build["start"].result(timeout=timeout) if build is not None else None
-
-    def poll(self, global_step: int) -> bool:
-        """The swap decision at a step boundary. True when a swap happened.
-
-        The main process checks its builder; once it has exited 0, every process loads the new version (index,
-        memory-mapped, and the query embedder snapshot) on a background thread; the processes swap at the first step
-        boundary where all of them have it loaded (with `lag`: at the boundary `lag` steps after the snapshot, waiting
-        there until the build has ended and every process has it loaded). The state is all-reduced (MAX) over the
-        processes at every boundary, so every rank takes the same decision at the same step."""
-        started = time.perf_counter()
-        while True:
-            swapped, waiting = self._poll_once(global_step, started)
-            if swapped or not waiting:
-                return swapped
-            time.sleep(POLL_SECONDS)
-
-    def _poll_once(self, global_step: int, started: float) -> tuple[bool, bool]:
-        """One look at the build: (swapped, the run must wait for this build before the step)."""
-        rank, world = rank_and_world()
-        if rank == 0 and self._build is not None and self._pending is None:
-            self._check_build(global_step)
-        announced, snapshot_step, snapshot_time, ready, failed, waiting = self._exchange(rank, world, global_step)
-        if failed:
-            self._drop_pending(global_step, "loading the new index version failed on some process")
-            return False, False
-        if announced < 0:
-            return False, waiting
-        if self._pending is None or self._pending["version"] != announced or "load" not in self._pending:
-            self._pending = self._load_pending(int(announced), int(snapshot_step), snapshot_time)
-            return False, waiting
-        if ready != announced or (self.lag is not None and not waiting):
-            return False, waiting
-        pending, self._pending = self._pending, None
-        snapshot, index = pending["load"].result()
-        self._swap(snapshot, index, global_step, pending["step"], pending["time"], started)
-        if rank == 0:  # deleting folders takes time on a loaded machine: off the training thread too
-            self._background().submit(self._prune_after_swap)
-        return True, False
-
-    def _prune_after_swap(self) -> None:
-        self.prune_versions()
-        self._prune_snapshots()
-
-    def _check_build(self, global_step: int) -> None:
-        """(main process) When the builder has ended: announce its version (success) or record the failure."""
-        build = self._build
-        if not build["start"].done():
-            return
-        if build["start"].exception() is not None:
-            self._build = None
-            self._fail(build, global_step, f"starting the builder failed: {build['start'].exception()!r}")
-            return
-        process = build["start"].result()
-        if process.poll() is None:
-            return
-        self._build = None
-        version_dir = self.index_root / version_dir_name(build["version"])
-        if process.returncode != 0 or not version_dir.is_dir():
-            self._fail(build, global_step, f"exit status {process.returncode}")
-            return
-        self._pending = {"version": build["version"], "step": build["step"], "time": build["time"], "announced": True}
-
-    def _lag_due(self, global_step: int) -> bool:
-        """(main process) With `lag`: the build running or loading is due to be swapped in at this step."""
-        build = self._build or self._pending
-        return self.lag is not None and build is not None and global_step >= build["step"] + self.lag
-
-    def _exchange(self, rank: int, world: int, global_step: int) -> tuple[float, float, float, float, bool, bool]:
-        """(announced version, its snapshot step and time, version every rank has loaded, a load failed, the build is
-        due under `lag`), all-reduced.
-
-        One float64 vector, MAX-reduced: the main process announces (others send -1); readiness is reduced as
-        -min(ready) = max(-ready) so the swap waits for the slowest rank."""
-        pending = self._pending
-        announced = pending["version"] if pending is not None and pending.get("announced") else -1
-        ready, failed = -1, False
-        if pending is not None and "load" in pending and pending["load"].done():
-            failed = pending["load"].exception() is not None
-            ready = -1 if failed else pending["version"]
-        local = [
-            announced,
-            pending["step"] if announced >= 0 else -1,
-            pending["time"] if announced >= 0 else -1,
-            -ready,
-            float(failed),
-            float(rank == 0 and self._lag_due(global_step)),
-        ]
-        if world == 1:
-            return local[0], local[1], local[2], -local[3], bool(local[4]), bool(local[5])
-        values = torch.tensor(local, dtype=torch.float64)
-        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX, group=self._group_or_world())
-        announced, snapshot_step, snapshot_time, minus_ready, failed, waiting = values.tolist()
-        return announced, snapshot_step, snapshot_time, -minus_ready, bool(failed), bool(waiting)
-
-    def _load_pending(self, version: int, snapshot_step: int, snapshot_time: float) -> dict:
-        """Start loading an announced version on the background thread: its index (memory-mapped) and its query
-        embedder from the snapshot the builder embedded with, index_root/.snapshots/step-N."""
-        template = self.examples.query_embedder
-        device = self.device or next(template.parameters()).device
-        snapshot_dir = self.index_root / SNAPSHOTS_DIR / f"step-{snapshot_step}"
-
-        def load():
-            return load_snapshot(template, snapshot_dir, device), self.load_version(version)
-
-        return {
-            "version": version,
-            "step": snapshot_step,
-            "time": snapshot_time,
-            "announced": rank_and_world()[0] == 0,
-            "load": self._background().submit(load),  # future -> (query embedder, index)
-        }
-
-    def _drop_pending(self, global_step: int, reason: str) -> None:
-        """A rank could not load the announced version: every rank keeps its index; the main process counts a failed
-        build and starts a new one when due."""
-        pending, self._pending = self._pending, None
-        if pending is not None and "load" in pending and pending["load"].exception() is not None:
-            reason = f"{reason}: {pending['load'].exception()!r}"
-        self.builds_failed += 1
-        self.failures.append({"step": global_step, "version": pending and pending["version"], "reason": reason})
-        logger.error("index refresh: %s; keeping index version %d", reason, self.index_version)
-
-    def close(self) -> None:
-        """Stop a running builder (training ended): its unfinished version is discarded."""
-        build, self._build, self._pending = self._build, None, None
-        if build is not None:
-            self._stop_builder(build)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        self.builder.close()
-
-    def _stop_builder(self, build: dict) -> None:
-        try:
-            process = build["start"].result()
-        except Exception:  # the start failed: nothing runs
-            process = None
-        if process is not None and self.builder.stop(process) == 0:
-            return  # it finished: the version stays on disk for later use
-        clean_leftovers(self.index_root / version_dir_name(build["version"]))  # its staging folder: its pid is dead
-        shutil.rmtree(build["snapshot_dir"], ignore_errors=True)
-
-    def _fail(self, build: dict, global_step: int, reason: str) -> None:
-        self.builds_failed += 1
-        tail = log_tail(build["log"])
-        self.failures.append({"step": global_step, "version": build["version"], "reason": reason, "log_tail": tail})
-        logger.error(
-            "index refresh: the build of version %d (step-%d embedder) failed (%s); keeping index version %d and "
-            "retrying at the next step. Builder log tail:\n%s",
-            build["version"],
-            build["step"],
-            reason,
-            self.index_version,
-            tail,
-        )
-        shutil.rmtree(build["snapshot_dir"], ignore_errors=True)
-
-    def _background(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="index-refresh")
-        return self._executor
-
-    def _group_or_world(self):
-        return self._group if self._group is not None else torch.distributed.group.WORLD
-
     # -- shared -------------------------------------------------------------------------------------------------------
 
-    def _swap(self, snapshot, index, global_step: int, snapshot_step: int, snapshot_time: float, started: float):
+    def swap(self, snapshot, index, global_step: int, snapshot_step: int, snapshot_time: float, started: float):
         """Hand the consistent pair (snapshot, index) to the examples; record the stall and the staleness origin."""
         if index.num_blocks != len(self.examples.blocks):  # a new corpus version (corpus add): its blocks come too
             self.examples.blocks = load_corpus(self.corpus_dir)
@@ -490,14 +259,17 @@ class IndexRefreshCallback(TrainerCallback):
         keep = set(self.protected_versions)
         if self.index_in_use_root == self.index_root:
             keep.add(self.index_version)
-        for build in (self._build, self._pending):
-            if build is not None:
-                keep.add(build["version"])
+        keep.update(build["version"] for build in self.pending_swaps.in_flight())
         versions = list_versions(self.index_root)
         deleted = [v for v in versions[: -self.keep] if v not in keep] if self.keep else []
         for version in deleted:
             shutil.rmtree(self.index_root / version_dir_name(version), ignore_errors=True)
         return deleted
+
+    def close(self) -> None:
+        """Stop a running builder (training ended): its unfinished version is discarded."""
+        self.pending_swaps.close()
+        self.builder.close()
 
     # -- checkpoints --------------------------------------------------------------------------------------------------
 
@@ -532,13 +304,13 @@ class IndexRefreshCallback(TrainerCallback):
         self.builds_started = state.get("builds_started", 0)
         self.builds_failed = state.get("builds_failed", 0)
 
-    def _prune_snapshots(self) -> None:
+    def prune_snapshots(self) -> None:
         """Keep the snapshot folders of the versions kept on disk (the newest `keep` builds), drop older ones."""
         folder = self.index_root / SNAPSHOTS_DIR
         if not folder.is_dir():
             return
         steps = sorted(int(p.name.removeprefix("step-")) for p in folder.glob("step-*") if p.name[5:].isdigit())
-        running = {build["step"] for build in (self._build, self._pending) if build is not None}
+        running = {build["step"] for build in self.pending_swaps.in_flight()}
         for step in [s for s in steps if s not in running][: -self.keep]:
             shutil.rmtree(folder / f"step-{step}", ignore_errors=True)
 
