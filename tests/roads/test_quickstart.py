@@ -1,4 +1,5 @@
-"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (about 9 minutes).
+"""`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (its run time:
+docs/quickstart.md).
 
 The default preset, as a user runs it. The assertions are what holds for seeds 0-4 and two fresh seeds (4242, 90210):
 the encoder reads, keeps reading, and its signal raises Figure 4's curves. Which of the paper's Table 2 orderings

@@ -113,7 +113,7 @@ DEFAULT = Preset(
 )
 PRESETS = {
     "default": DEFAULT,
-    # a quicker look (about 5 minutes): the same world, fewer steps; too few for the retriever to learn much
+    # a quicker look (run time: docs/quickstart.md): the same world, fewer steps; too few for the retriever to learn
     "small": replace(
         DEFAULT, reading_warmup_steps=1800, pretrain_steps=150, refresh_every=25, eval_every=25, finetune_steps=150
     ),
