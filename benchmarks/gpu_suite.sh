@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything OpenREALM measures on a lent GPU, in one run (benchmarks/RESULTS.md, "On a GPU"):
+# Everything OpenREALM measures on a lent GPU, in one run (benchmarks/performance.md, the "On a GPU" sections):
 #   1. exact MIPS over 13,353,718 x 128 against the measured memory and matmul ceilings (bench_gpu_mips.py)
 #   2. BERT-base block embedding at 288 wordpieces, bf16 + SDPA, against the measured bf16 peak (bench_index_build.py)
 #   3. REALM pre-training throughput at BERT-base, bf16, with and without an async build, and a kernel profile
@@ -7,7 +7,8 @@
 #      the learned reader (the reading warm-up's encoder) against the oracle reader, refresh async against off,
 #      while the CUDA tests run beside them
 # Each step has its own time limit and writes its log to $OUT. The device machine lacks some of the package's
-# dependencies: they travel as wheels in .whl/ (see the wheels list in RESULTS.md) and install to /tmp/site.
+# dependencies: they travel as wheels in .whl/ (each GPU session in benchmarks/performance.md lists them) and install
+# to /tmp/site.
 #
 #   benchmarks/gpu_suite.sh             on the GPU machine, from the repository root ($OUT set by the device tool)
 #   benchmarks/gpu_suite.sh --dry-run   here, on the CPU at tiny sizes (checks the script end to end)
@@ -44,7 +45,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
   grep -v "it/s\]\|examples/s\]\|blocks/s\]" "$OUT/$name.log" | tail -n 18
 }
 learning() {  # learning SEED STEPS BATCH ACCUMULATION ENCODER MODES: bench_learning.py, its log and results in one file
-  $PY benchmarks/bench_learning.py --output /tmp/learning-s$1-$6 --seed $1 --steps $2 --batch-size $3 \
+  $PY benchmarks/research/bench_learning.py --output /tmp/learning-s$1-$6 --seed $1 --steps $2 --batch-size $3 \
     --pretrain-args "--gradient-accumulation-steps $4" --eval-every $(( $2 / 3 )) --encoder $5 --modes $6 \
     --oracle-reader-weight 0,1 --hold-out 30 --queries-per-block 4 --recall-k 5 --learning-rate 3e-5 \
     --embedder-learning-rate 3e-4

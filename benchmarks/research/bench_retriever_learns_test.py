@@ -9,8 +9,8 @@ among the K candidates. `--break` patches a defect into the package for the run:
 - `swaps`: every index swap recorded but not installed (`RealmPretrainingExamples.update_index` installs the start's
   index only), so training keeps the start's index and query snapshot.
 
-    python benchmarks/bench_retriever_learns_test.py --seeds 0 1 2 3 4 5 6 7 --output /tmp/learns.json
-    python benchmarks/bench_retriever_learns_test.py --seeds 0 1 2 --break detach
+    python benchmarks/research/bench_retriever_learns_test.py --seeds 0 1 2 3 4 5 6 7 --output /tmp/learns.json
+    python benchmarks/research/bench_retriever_learns_test.py --seeds 0 1 2 --break detach
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from test_retriever_learns import MIN_CANDIDATE_GAIN, MIN_RECALL_GAIN, TinyWorld, measure  # noqa: E402
 
