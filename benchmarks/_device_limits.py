@@ -1,5 +1,5 @@
-"""The two ceilings of a device, measured in the run that uses them (benchmarks/RESULTS.md reports every GPU number
-as a fraction of limits measured alongside it, never of a datasheet alone).
+"""The two ceilings of a device, measured in the run that uses them (benchmarks/performance.md reports every GPU
+number as a fraction of limits measured alongside it, never of a datasheet alone).
 
     matmul_tflops(device, dtype)   dense matrix-product rate: the median of timed n x n x n products on random data
     copy_bandwidth(device)         memory bandwidth: a large device-to-device copy, bytes read + bytes written

@@ -3,9 +3,9 @@
     /work/venvs/dev/bin/python benchmarks/bench_pipeline.py          # N = 100,000 blocks, Q = 16 questions, 2 threads
 
 (options: --num-blocks, --questions, --warmup, --batch-size, --threads, --work-dir, --ref-python, --data-dir, --seed,
---eager, --rebuild; the defaults are what RESULTS.md reports). Run it with the dev venv (torch, transformers 5,
-openrealm); --ref-python is a venv with transformers 4.57.6, where `benchmarks/_port_reference.py` builds and runs
-the port.
+--eager, --rebuild; the defaults are what benchmarks/performance.md reports). Run it with the dev venv (torch,
+transformers 5, openrealm); --ref-python is a venv with transformers 4.57.6, where `benchmarks/_port_reference.py`
+builds and runs the port.
 
 1. Once (cached in --work-dir, outside git): a legacy 4.x open-QA folder written by 4.57.6 itself: RealmForOpenQA with
    the published architecture (BERT-base embedder and reader, retriever_proj_size 128, reader_beam_size 5,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything OpenREALM measures on a lent GPU, in one run (benchmarks/RESULTS.md, "On a GPU"):
+# Everything OpenREALM measures on a lent GPU, in one run (benchmarks/performance.md, the "On a GPU" sections):
 #   1. exact MIPS over 13,353,718 x 128 against the measured memory and matmul ceilings (bench_gpu_mips.py)
 #   2. BERT-base block embedding at 288 wordpieces, bf16 + SDPA, against the measured bf16 peak (bench_index_build.py)
 #   3. REALM pre-training throughput at BERT-base, bf16, with and without an async build, and a kernel profile
@@ -7,7 +7,8 @@
 #      the learned reader (the reading warm-up's encoder) against the oracle reader, refresh async against off,
 #      while the CUDA tests run beside them
 # Each step has its own time limit and writes its log to $OUT. The device machine lacks some of the package's
-# dependencies: they travel as wheels in .whl/ (see the wheels list in RESULTS.md) and install to /tmp/site.
+# dependencies: they travel as wheels in .whl/ (each GPU session in benchmarks/performance.md lists them) and install
+# to /tmp/site.
 #
 #   benchmarks/gpu_suite.sh             on the GPU machine, from the repository root ($OUT set by the device tool)
 #   benchmarks/gpu_suite.sh --dry-run   here, on the CPU at tiny sizes (checks the script end to end)
@@ -44,7 +45,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
   grep -v "it/s\]\|examples/s\]\|blocks/s\]" "$OUT/$name.log" | tail -n 18
 }
 learning() {  # learning SEED STEPS BATCH ACCUMULATION ENCODER MODES: bench_learning.py, its log and results in one file
-  $PY benchmarks/bench_learning.py --output /tmp/learning-s$1-$6 --seed $1 --steps $2 --batch-size $3 \
+  $PY benchmarks/research/bench_learning.py --output /tmp/learning-s$1-$6 --seed $1 --steps $2 --batch-size $3 \
     --pretrain-args "--gradient-accumulation-steps $4" --eval-every $(( $2 / 3 )) --encoder $5 --modes $6 \
     --oracle-reader-weight 0,1 --hold-out 30 --queries-per-block 4 --recall-k 5 --learning-rate 3e-5 \
     --embedder-learning-rate 3e-4
@@ -56,13 +57,13 @@ if [ $DRY = 1 ]; then
   step pretrain 600 bash -c "cd benchmarks && ../$PY bench_pretrain.py --steps 7 --batch-size 2 --measure-peak --repeats 1 --profile $OUT/profile.txt"
   export -f learning; export PY
   step learning 600 bash -c "learning 0 3 8 2 random async,off"
-  step tests 300 $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_index.py -k "cuda or half_precision or tiled"
+  step tests 300 $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_index_realm.py -k "cuda or half_precision or tiled"
 else
   step mips 60 bash -c "cd benchmarks && $PY bench_gpu_mips.py --device cuda --dtypes float32,bfloat16 --chunk-sizes 262144,4194304 --tile-rows 128,1024 --repeats 10"
   step index_build 60 bash -c "cd benchmarks && $PY bench_index_build.py --device cuda --models bert-base-288 --dtype bfloat16 --half-weights cast,autocast --num-blocks 32768 --batch-size 256 --measure-peak"
   step pretrain 130 bash -c "cd benchmarks && $PY bench_pretrain.py --model bert-base --bf16 --measure-peak --steps 40 --batch-size 16 --repeats 2 --profile $OUT/profile.txt"
   export -f learning; export PY
-  step tests 150 $PY -m pytest -q -p no:cacheprovider -n 4 --durations=10 tests/test_gpu.py tests/test_index.py -k "cuda or half_precision or tiled" &
+  step tests 150 $PY -m pytest -q -p no:cacheprovider -n 4 --durations=10 tests/test_gpu.py tests/test_index_realm.py -k "cuda or half_precision or tiled" &
   if [[ -z "${ONLY:-}" || ",$ONLY," == *",learning,"* ]]; then
     for seed in 0 1; do for mode in async off; do  # 4 processes: the tiny towers leave the GPU and 16 cores idle
       ( timeout 280 bash -c "learning $seed 60 64 8 reading-warmup $mode" > /tmp/learning$seed$mode.log 2>&1 ) &

@@ -89,8 +89,9 @@ def _require_faiss(index_type: str) -> None:
 def default_chunk_size(device: torch.device, num_queries: int = 64) -> int:
     """Blocks scored per matmul in exact search. On CPU the [num_queries, chunk] float32 scores fill 4 MB, within
     [2^16, 2^17] rows: bigger chunks spill the scores out of cache before top-k reads them, smaller ones pay more
-    per-chunk top-k merges (the sweep: benchmarks/RESULTS.md, "Exact search at 13,353,718 blocks: the chunk size,
-    against the port"). On GPU 2^20 rows amortise kernel launches. Memory: num_queries * chunk floats."""
+    per-chunk top-k merges (the sweep:
+    benchmarks/performance.md#exact-search-at-13353718-blocks-the-chunk-size-against-the-port-issue-17-3-cpu).
+    On GPU 2^20 rows amortise kernel launches. Memory: num_queries * chunk floats."""
     if device.type != "cpu":
         return 2**20
     rows = 2**20 // max(1, num_queries)

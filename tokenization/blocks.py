@@ -28,7 +28,8 @@ MAX_BLOCK_LENGTH = 288
 # Articles, or passages (passages_as_blocks), per map batch when the caller names none. A map batch's blocks are one
 # Arrow record batch of the packed blocks (of 1,000 rows at most), and an open memory-mapped table holds Arrow's
 # objects for each of its record batches: passages, one block each, go 1,000 at a time so that the packed blocks have
-# as few record batches as blocks/ (benchmarks/RESULTS.md, "A corpus of DPR's layout at scale").
+# as few record batches as blocks/
+# (benchmarks/performance.md#a-corpus-of-dprs-layout-at-scale-corpus-build---input-psgstsv---passages-as-blocks-cpu).
 ARTICLES_PER_BATCH = 256
 PASSAGES_PER_BATCH = 1000
 COLUMNS = (

@@ -6,12 +6,12 @@ from.
 REALM's encoder starts from BERT, whose masked-LM head already fills a [MASK] from context; pre-training then teaches
 it to fill from a retrieved block too, and that is the retriever's only signal (retrieval utility). A checkpoint
 without a trained MLM head (a sentence-transformers model such as all-MiniLM-L6-v2, whose `cls.predictions.*` are
-absent) gives REALM a reader that cannot fill any mask, and the retriever learns from noise (benchmarks/RESULTS.md,
-"Table 2 on real Wikipedia text, on a GPU"). This stage trains the head, and the encoder under it, with BERT's recipe
-on the corpus's own blocks: `[CLS] title [SEP] body [SEP]`, 15% of the wordpieces chosen, 80% of those replaced by
-[MASK], 10% by a random wordpiece, 10% kept (transformers' DataCollatorForLanguageModeling). The loss and the logits
-are computed at the chosen positions only (a 30,522-word vocabulary at every position would cost as much as the
-encoder).
+absent) gives REALM a reader that cannot fill any mask, and the retriever learns from noise
+(benchmarks/research/table2_real_wikipedia_gpu.md). This stage trains the head, and the encoder under it, with BERT's
+recipe on the corpus's own blocks: `[CLS] title [SEP] body [SEP]`, 15% of the wordpieces chosen, 80% of those
+replaced by [MASK], 10% by a random wordpiece, 10% kept (transformers' DataCollatorForLanguageModeling). The loss
+and the logits are computed at the chosen positions only (a 30,522-word vocabulary at every position would cost as
+much as the encoder).
 
 Before and after training, the loss and accuracy on the same `--eval-blocks` blocks, masked once with a fixed seed,
 go to OUTPUT/mlm_training.json. The result is a RealmKnowledgeAugEncoder folder for `openrealm train pretrain

@@ -6,14 +6,14 @@ current index with trivial exclusion and the null document, REALM's marginal lik
 embedder through the query and the candidates, and the index refresh. With that signal the retriever must learn:
 
 - recall@5 of an answer block on held-out masked queries (sentences never used as training queries) rises well above
-  the start's, by a margin set inside the spread measured across seeds (benchmarks/RESULTS.md, "The oracle-reader
-  control");
+  the start's, by a margin set inside the spread measured across seeds
+  (benchmarks/research/retriever_learns_ci_test.md, part of benchmarks/research/oracle_reader_control.md);
 - the refreshed index serves better candidates than a stale one: the share of training queries with an answer block
   among their K candidates, over the second half of training, is higher with refresh sync than with refresh off, and
   so is the held-out recall.
 
-Broken paths these tests catch (checked by patching each in, RESULTS.md records how): the query and candidate
-embeddings cut from the graph, and index swaps skipped.
+Broken paths these tests catch (checked by patching each in, benchmarks/research/retriever_learns_ci_test.md
+records how): the query and candidate embeddings cut from the graph, and index swaps skipped.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from openrealm.trainers import cli
 
 SEEDS = (0, 1)
 STEPS, REFRESH_EVERY = 300, 10
-# Measured over seeds 0-7 (benchmarks/RESULTS.md, "A CI test that the retriever learns"): held-out recall@5 rises by
+# Measured over seeds 0-7 (benchmarks/research/retriever_learns_ci_test.md): held-out recall@5 rises by
 # 0.17 to 0.57 over the start with refresh sync (mean 0.32); the training share of queries with an answer among the K
 # candidates over the second half is 0.32 to 0.53 higher with refresh sync than off. The tests average two seeds.
 MIN_RECALL_GAIN = 0.15

@@ -3,8 +3,8 @@ docs/quickstart.md).
 
 The default preset, as a user runs it. The assertions are what holds for seeds 0-4 and two fresh seeds (4242, 90210):
 the encoder reads, keeps reading, and its signal raises Figure 4's curves. Which of the paper's Table 2 orderings
-hold varies with the seed and is not asserted (results.json "claims"; benchmarks/RESULTS.md, "A reader that
-reads")."""
+hold varies with the seed and is not asserted (results.json "claims";
+benchmarks/research/reader_that_reads.md)."""
 
 import json
 import subprocess
@@ -44,7 +44,7 @@ def results(run) -> dict:
 
 def test_every_model_is_evaluated_on_the_same_held_out_questions(results):
     # Exact match itself is not asserted: on 92 questions REALM's is below the baseline's for some seeds and above it
-    # for others (benchmarks/RESULTS.md).
+    # for others (benchmarks/research/reader_that_reads.md).
     counts = {name: run["count"] for name, run in results["open_qa"].items()}
     assert set(counts.values()) == {92} and len(counts) == 5
 
@@ -121,8 +121,8 @@ def test_results_carry_table_2_rows_for_every_ablation(results):
 
 def test_retrieval_utility_rises_over_pretraining(results):
     # Figure 4's retrieval utility (log p(y|x) marginalised over the candidates minus log p(y|null document, x)) at the
-    # last evaluation against the first: +0.64 to +0.96 nats on seeds 0-4, 4242 and 90210 (benchmarks/RESULTS.md, "A
-    # reader that reads"). It starts near 0: the top K then hold few stating blocks.
+    # last evaluation against the first: +0.64 to +0.96 nats on seeds 0-4, 4242 and 90210
+    # (benchmarks/research/reader_that_reads.md). It starts near 0: the top K then hold few stating blocks.
     utility = results["pretraining_curve"]["retrieval_utility"]
     assert utility[-1] > utility[0] + MIN_UTILITY_GAIN
 

@@ -322,8 +322,8 @@ def clone_tensors(module: torch.nn.Module, into: dict[int, torch.Tensor] | None 
     On a GPU the copies are queued on the current stream, before the next optimiser step: they hold this step's values
     without a host sync; `snapshot_embedder(..., clones=...)` builds the module around them, on any thread.
     into: what a previous call returned for the same module, no longer in use: its tensors are overwritten in place
-    (on CPU, fresh memory for a large model costs page faults on the training step: benchmarks/RESULTS.md, "After
-    moving the snapshot off the training step")."""
+    (on CPU, fresh memory for a large model costs page faults on the training step:
+    benchmarks/performance.md#after-moving-the-snapshot-off-the-training-step-re-run-2026-11-22-1458-utc-quiet-machine)."""
     clones: dict[int, torch.Tensor] = {}
     with _one_intra_op_thread():
         for tensor in itertools.chain(module.parameters(), module.buffers()):

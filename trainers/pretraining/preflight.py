@@ -73,9 +73,10 @@ class PreflightThresholds:
       then near 0 for every candidate, so the retriever's gradient vanishes (advice only, as above).
     - min_reader_utility (3 nats per masked wordpiece): a reader that copies a span from a block gains several nats
       over guessing it among thousands of wordpieces. Reading a little is not enough: in the dose-response of
-      benchmarks/RESULTS.md ("What the reader must do before REALM helps") encoders that gained 1.3-1.4 nats made
-      the retriever worse, while the same encoders mixed with 5% of the oracle (4.2-5.4 nats) trained it; 3 lies
-      between the two and is not measured more finely. A failed check means "reader first".
+      benchmarks/research/oracle_reader_control.md#the-control-on-the-quickstarts-world-oracle-learned-reader-and-the-mixture-1-3
+      encoders that gained 1.3-1.4 nats made the retriever worse, while the same encoders mixed with 5% of the oracle
+      (4.2-5.4 nats) trained it; 3 lies between the two and is not measured more finely. A failed check means "reader
+      first".
     - min_oracle_gain (0.05): held-out recall@5 raised by less than this with a perfect reader is within the noise of
       a few hundred queries; then REALM's path does not train this retriever at these settings. A failed check means
       "no".

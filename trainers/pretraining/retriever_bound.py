@@ -9,7 +9,7 @@ the top K, nothing a stale index or a small K hides is missing. This trains the 
 encoder, no index, the whole corpus embedded at every step (small corpora only), the query's own block excluded as
 Google's trivial-candidate mask excludes it (model.py). A REALM run with a learned reader and top-K candidates gets
 at most this signal, so a retriever trained here, scored on questions, is the bound a world sets on what REALM can
-show: benchmarks/RESULTS.md, "A world where the topic is not enough", explains why the in-batch bound (one answer
+show: benchmarks/research/world_where_topic_is_not_enough.md explains why the in-batch bound (one answer
 block against the batch's other positives) is not that bound on a world where many blocks name the same entity.
 """
 

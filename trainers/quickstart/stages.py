@@ -49,10 +49,10 @@ class Preset:
     pretrain_steps: int
     pretrain_batch_size: int
     # K, null document included (Google: 8): more candidates per query give the retriever more signal
-    # (benchmarks/RESULTS.md, "More candidates per query: K = 8, 16, 24")
+    # (benchmarks/research/more_candidates_per_query.md)
     pretrain_num_candidates: int
     # The encoder's: the paper's 3e-5, which keeps the warm-up's reading; the retriever's 10x higher, below where its
-    # scores collapse onto the null document (benchmarks/RESULTS.md, "A reader that reads")
+    # scores collapse onto the null document (benchmarks/research/reader_that_reads.md)
     pretrain_learning_rate: float
     pretrain_embedder_learning_rate: float
     refresh_every: int
@@ -61,7 +61,8 @@ class Preset:
     finetune_steps: int
     finetune_batch_size: int
     # default preset 2e-4: higher rates made exact match swing with small differences between the starts
-    # (benchmarks/RESULTS.md, "Fine-tuning lr 3e-4 -> 2e-4"); the small preset, not re-measured, keeps 3e-4
+    # (benchmarks/research/quickstart_first_world.md#fine-tuning-lr-3e-4---2e-4-2026-11-24-after-a-red-ci-run);
+    # the small preset, not re-measured, keeps 3e-4
     finetune_learning_rate: float
     searcher_beam_size: int
     reader_beam_size: int
@@ -75,8 +76,7 @@ MODEL = (
 )
 
 # A world small enough that a fact's other mention is often among the ICT retriever's top 8 blocks: on a larger one
-# the retriever's gradient was noise (benchmarks/RESULTS.md, "A reader that can read, and what REALM's gradient then
-# does to the retriever").
+# the retriever's gradient was noise (benchmarks/research/reader_that_can_read.md).
 WORLD = {
     "num_people": 40,
     "num_organizations": 12,
@@ -217,7 +217,7 @@ class Stages:
 
     def initial_tower(self, corpus: Path, tower: str = "encoder") -> Path:
         """A randomly initialised tower ("encoder" or "embedder") sized by the preset, saved as OUTPUT/initial-<tower>
-        (benchmarks/bench_learning.py's random starts)."""
+        (benchmarks/research/bench_learning.py's random starts)."""
         from transformers import AutoTokenizer
 
         from openrealm.trainers.stage_utils import parse_config_overrides
@@ -264,7 +264,7 @@ class Stages:
         """REALM pre-training into OUTPUT/name with the index refresh `mode` ("off": the stale-index ablation) and the
         masking `spans` ("random_span": the random-span ablation); Figure 4's points (utility, recall@k) come from a
         PretrainingEvalCallback on the same fixed queries in every run (`queries`, default fixed_masked_queries of
-        the preset). extra_argv: more `train pretrain` flags (benchmarks/bench_learning.py)."""
+        the preset). extra_argv: more `train pretrain` flags (benchmarks/research/bench_learning.py)."""
         from transformers import AutoTokenizer
 
         from openrealm.tokenization.corpus_folder import load_corpus

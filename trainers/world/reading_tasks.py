@@ -19,8 +19,8 @@ Renaming: in every training example each name word (the syllable words of entity
 becomes a random name word of the world, one pool shared by every kind of entity, consistently across the query and
 the block, and years and months become random years and months. The facts a trained encoder has seen are then
 fictional, so what it does on the world's own (never renamed) text is reading, not recall: the probe's facts are
-held out by construction, and the kind of name a sentence asks for pays nothing (benchmarks/RESULTS.md, "A reader
-that reads").
+held out by construction, and the kind of name a sentence asks for pays nothing
+(benchmarks/research/reader_that_reads.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ reads (copies a masked span from a block stating it) and falls back gracefully w
 
 REALM starts its knowledge-augmented encoder from BERT, which already reads; a random encoder on the world's
 vocabulary does not, and REALM's signal from a reader that barely reads moves the retriever the wrong way
-(benchmarks/RESULTS.md, "The oracle-reader control"). This stage trains on REALM's own joint input over the world's
+(benchmarks/research/oracle_reader_control.md). This stage trains on REALM's own joint input over the world's
 corpus (trainers/world/reading_tasks.py), names renamed in every example so that only reading pays, with a
 curriculum that small transformers need to learn to copy within minutes (the copy circuit forms abruptly, later with
 longer contexts and when a simpler solution also pays: Olsson et al. 2022, "In-context Learning and Induction Heads";
@@ -17,7 +17,7 @@ Emergent In-Context Learning in Transformers"):
    one holding the span without stating the fact, one without it, the null document, so that the encoder shares its
    probability sensibly where a block does not state the fact instead of copying a wrong name with confidence.
 Loss only at the masked wordpieces (REALM's masked-LM loss there), AdamW with linear warm-up and decay, no dropout.
-Why these settings: benchmarks/RESULTS.md, "A reader that reads".
+Why these settings: benchmarks/research/reader_that_reads.md.
 """
 
 from __future__ import annotations

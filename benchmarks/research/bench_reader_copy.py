@@ -1,7 +1,7 @@
 """Does the encoder read? How well a quickstart run's encoders predict a masked span from each kind of block, in
 REALM's own joint input, before and after REALM pre-training.
 
-    python benchmarks/bench_reader_copy.py --run realm-quickstart [--encoders reading-warmup pretrain/encoder]
+    python benchmarks/research/bench_reader_copy.py --run realm-quickstart [--encoders reading-warmup pretrain/encoder]
 
 The probe is trainers/world/reading_tasks.py's `reading_probe` (what `openrealm quickstart` records in results.json's
 "reader"): one masked query per block as REALM pre-training draws them, read with `[CLS] query [SEP] block [SEP]` for
@@ -10,8 +10,8 @@ one that states it beside another fact of the same form ("ambiguous"), one that 
 ("mentioning"), one without them, and the null document. Per masked wordpiece it reports the mean log p(y|z,x) and
 the share given p > 0.5 ("copies"). REALM's retriever is trained by the differences between these rows; a second
 table ranks the masked name among the names of its kind with the null document, to tell an encoder that learned only
-the kind of name a sentence asks for (0.5) from one that learned the facts (0) (benchmarks/RESULTS.md, "A reader that
-reads").
+the kind of name a sentence asks for (0.5) from one that learned the facts (0)
+(benchmarks/research/reader_that_reads.md).
 """
 
 from __future__ import annotations

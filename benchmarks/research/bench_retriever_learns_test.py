@@ -1,4 +1,4 @@
-"""How tests/test_retriever_learns.py's margins were set, and that the test fails on a broken path.
+"""How tests/learning/test_retriever_learns.py's margins were set, and that the test fails on a broken path.
 
 Runs the test's tiny world (its `TinyWorld` and `measure`) for several seeds and prints, per seed, the held-out
 recall@5 of the start and after refresh sync and off, and the second-half share of training queries with an answer
@@ -9,8 +9,8 @@ among the K candidates. `--break` patches a defect into the package for the run:
 - `swaps`: every index swap recorded but not installed (`RealmPretrainingExamples.update_index` installs the start's
   index only), so training keeps the start's index and query snapshot.
 
-    python benchmarks/bench_retriever_learns_test.py --seeds 0 1 2 3 4 5 6 7 --output /tmp/learns.json
-    python benchmarks/bench_retriever_learns_test.py --seeds 0 1 2 --break detach
+    python benchmarks/research/bench_retriever_learns_test.py --seeds 0 1 2 3 4 5 6 7 --output /tmp/learns.json
+    python benchmarks/research/bench_retriever_learns_test.py --seeds 0 1 2 --break detach
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+TESTS = Path(__file__).resolve().parents[2] / "tests"
+sys.path[:0] = [str(TESTS), str(TESTS / "learning")]  # helpers.py and test_retriever_learns.py
 
 from test_retriever_learns import MIN_CANDIDATE_GAIN, MIN_RECALL_GAIN, TinyWorld, measure  # noqa: E402
 
@@ -55,7 +56,7 @@ BREAKS = {"detach": detach_embeddings, "swaps": skip_swaps}
 
 
 def verdicts(result: dict) -> dict[str, bool]:
-    """What each test of tests/test_retriever_learns.py would say of this seed's run."""
+    """What each test of tests/learning/test_retriever_learns.py would say of this seed's run."""
     return {
         "recall_gain": result["sync"] >= result["start"] + MIN_RECALL_GAIN,
         "candidates_gain": result["sync_candidates"] >= result["off_candidates"] + MIN_CANDIDATE_GAIN,

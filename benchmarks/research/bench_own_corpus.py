@@ -2,7 +2,7 @@
 with the CLI's defaults, on a corpus of fictional articles MiniLM never saw; does REALM pre-training raise the
 recall@8 of the blocks that state a masked fact over the ICT starting point?
 
-    python benchmarks/bench_own_corpus.py --output /tmp/realm-own [--seeds 0 1 2] [--ict-steps 300]
+    python benchmarks/research/bench_own_corpus.py --output /tmp/realm-own [--seeds 0 1 2] [--ict-steps 300]
         [--pretrain-steps 300] [--refresh-every 50] [--parallel 1] [--pretrain-args "--batch-size 8 ..."]
 
 Corpus: `openrealm world` (the generated world: fictional people, organisations, places; each fact stated in two
