@@ -5,7 +5,7 @@ likelihood (Google's model.py; paper sections 2.3-3.4).
 only chooses the candidates; gradients reach the shared embedder through both sides), and returns the marginal MLM
 loss (each masked token marginalised over the K candidates, token-level mean over the batch) and Google's metrics. Its
 `oracle_reader_weight` mixes into the reader's p(y|z,x) whether a candidate holds the masked span: the control
-that tells the retriever-training path from the reader (docs/pretraining.md).
+that tells the retriever-training path from the reader (docs/diagnostics.md).
 
 Departures from Google's code: the MLM head runs only at the masked positions (as Google's `mlm` signature does with
 `mlm_positions`), gathered from the labels rather than from a fixed [M] positions tensor; identical numbers.

@@ -6,7 +6,7 @@ are stated in other blocks (`spans_stated_elsewhere`), whether the starting inde
 (`answer_in_candidates_at_start`), whether p(z|x) is near one-hot (`start_entropy`), whether the encoder reads
 (`retrieval_utility`: not the logged metric of Google's model.py) and whether a short oracle-reader run of this job
 trains the retriever (`oracle_gain`), and writes OUTPUT/preflight.json with a verdict and advice. The measures, their
-thresholds and the verdicts: docs/pretraining.md ("Pre-flight check").
+thresholds and the verdicts: docs/diagnostics.md ("Pre-flight check").
 """
 
 from __future__ import annotations
