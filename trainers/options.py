@@ -132,7 +132,9 @@ def world(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tokenizer-output", default=None, help="also train a WordPiece vocabulary into this folder")
     parser.add_argument("--vocab-size", type=int, default=4000, help="WordPiece vocabulary size (default 4000)")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing output folders")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a world and a vocabulary written earlier by this command"
+    )
     output_options(parser)
 
 

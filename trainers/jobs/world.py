@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import argparse
 
-from openrealm.file_utils import check_apart
-from openrealm.trainers.world.synthetic_world import generate_world
+from openrealm.file_utils import check_apart, check_replaceable
+from openrealm.tokenization.vocab import vocab_folder_problem
+from openrealm.trainers.world.synthetic_world import generate_world, world_folder_problem
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tokenizer_output:  # before anything is written: the vocabulary must not replace or land in the world
+    # before anything is written: the vocabulary must not replace or land in the world, and --overwrite replaces only
+    # folders this command wrote (a world, a vocabulary), never a corpus, a model or notes
+    check_replaceable(args.output, args.overwrite, world_folder_problem)
+    if args.tokenizer_output:
         check_apart(args.tokenizer_output, [("--output", args.output)], "--tokenizer-output", existing_only=False)
+        check_replaceable(args.tokenizer_output, args.overwrite, vocab_folder_problem)
     world = generate_world(
         seed=args.seed,
         num_people=args.num_people,
