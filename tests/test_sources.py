@@ -4,6 +4,7 @@ through datasets' loaders; `--passages-as-blocks` keeps each passage one block w
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import datasets
@@ -395,6 +396,35 @@ def test_a_tsv_that_is_not_utf8_is_refused_naming_it(tmp_path, capsys):
     tsv.write_bytes(b"id\ttext\ttitle\n1\tcaf\xe9\tthe nile\n")
     out = tmp_path / "corpus"
     assert_refused(capsys, build_argv(str(tsv), out), out, f"{tsv}: not UTF-8 text")
+
+
+def arrow_batch_ends(path: Path) -> list[int]:
+    """The byte offset after each record batch of an Arrow stream file."""
+    with pa.memory_map(str(path)) as source:
+        reader, ends = pa.ipc.open_stream(source), []
+        for _ in reader:
+            ends.append(source.tell())
+    return ends
+
+
+@pytest.mark.parametrize("cut", ["in a batch", "between batches"])
+def test_a_saved_dataset_whose_arrow_file_is_cut_short_is_refused_naming_the_file(tmp_path, capsys, cut):
+    Dataset.from_list(ROWS * 400).save_to_disk(tmp_path / "saved")  # 1200 rows: two record batches
+    (arrow,) = (tmp_path / "saved").glob("*.arrow")
+    ends = arrow_batch_ends(arrow)
+    os.truncate(arrow, ends[0] if cut == "between batches" else ends[1] - 100)
+    capsys.readouterr()  # save_to_disk's progress bar
+    out = tmp_path / "corpus"
+    assert_refused(capsys, build_argv(str(tmp_path / "saved"), out), out, f"{arrow}: not a whole Arrow file")
+
+
+def test_a_saved_dataset_whose_state_json_is_not_json_is_refused_naming_it(tmp_path, capsys):
+    Dataset.from_list(ROWS).save_to_disk(tmp_path / "saved")
+    (tmp_path / "saved" / "state.json").write_text("not json {")
+    capsys.readouterr()  # save_to_disk's progress bar
+    out = tmp_path / "corpus"
+    expected = f"{tmp_path / 'saved' / 'state.json'}: not JSON: Expecting value: line 1 column 1 (char 0)"
+    assert_refused(capsys, build_argv(str(tmp_path / "saved"), out), out, expected)
 
 
 def test_a_column_of_numbers_is_named_with_its_type(tmp_path, capsys):

@@ -194,7 +194,55 @@ def _load_folder(path: str, split: str | None):
             f"{path} is a folder but not one written by datasets' save_to_disk (give the files in it, or a glob): "
             f"{error}"
         ) from None
-    return _one_split(loaded, path, split, CORPUS_SPLITS)
+    except (ValueError, OSError) as error:  # a bare JSON or Arrow error: name the damaged file if one is
+        _check_saved_files(path)
+        raise error from None
+    dataset = _one_split(loaded, path, split, CORPUS_SPLITS)
+    for cache_file in dataset.cache_files:
+        _check_arrow_end(cache_file["filename"], path)
+    return dataset
+
+
+# The end-of-stream marker closing every Arrow stream file that datasets writes (continuation, then length 0)
+_ARROW_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _check_arrow_end(file: str, folder: str) -> None:
+    """Refuse an Arrow stream file of a save_to_disk folder that lacks its end-of-stream marker: cut short between
+    two record batches, it still reads, without the rows after the cut (pyarrow does not require the marker)."""
+    with open(file, "rb") as f:
+        f.seek(max(0, os.path.getsize(file) - len(_ARROW_STREAM_END)))
+        end = f.read()
+    if end != _ARROW_STREAM_END:
+        raise ValueError(
+            f"{file}: not a whole Arrow file (cut short: no end-of-stream marker, so rows would be lost); {folder} "
+            "is a save_to_disk folder that does not read"
+        )
+
+
+def _check_saved_files(path: str) -> None:
+    """A ValueError naming the first file of a save_to_disk folder (its JSON files, and its Arrow files, in it and in
+    the split folders of a DatasetDict) that does not read: JSON that does not parse, an Arrow file cut short or
+    damaged. Nothing when every file reads (the error was something else, e.g. the disk)."""
+    import json
+
+    import pyarrow as pa
+
+    files = sorted(Path(path).glob("*.json")) + sorted(Path(path).glob("*/*.json"))
+    files += sorted(Path(path).glob("*.arrow")) + sorted(Path(path).glob("*/*.arrow"))
+    for file in files:
+        try:
+            if file.suffix == ".json":
+                with open(file, encoding="utf-8") as f:
+                    json.load(f)
+            else:
+                with pa.memory_map(str(file)) as source:
+                    pa.ipc.open_stream(source).read_all()
+        except (ValueError, OSError) as error:  # JSONDecodeError, UnicodeDecodeError, ArrowInvalid, a short read
+            kind = "JSON" if file.suffix == ".json" else "a whole Arrow file (cut short or damaged?)"
+            raise ValueError(
+                f"{file}: not {kind}: {error}; {path} is a save_to_disk folder that does not read"
+            ) from None
 
 
 def _read_table_file(path: str, kind: str, columns: list[str], cache_dir: str, quoting: str = "cell"):
