@@ -718,6 +718,14 @@ def push(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also add a Space-ready Gradio app (app.py, openrealm_demo.py, requirements.txt) to the folder",
     )
+    parser.add_argument(
+        "--readme",
+        choices=("keep", "replace"),
+        default=None,
+        help="a README.md in the folder that openrealm did not write (or that was edited since) is refused, since "
+        "the Hub shows it as the model card: keep uploads it as it is (no card, so no results in its metadata), "
+        "replace writes openrealm's card over it",
+    )
     output_options(parser)
 
 
