@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH, passages_cut_note
+from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH, articles_left_out_note, passages_cut_note
 from openrealm.tokenization.duplicates import duplicates_note, duplicates_warning
 from openrealm.tokenization.sources import InputOptions
 from openrealm.trainers.living_corpus import edit_corpus
@@ -52,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
         + (
             f", {summary['num_searchable']} searchable (index version {summary['index_version']})"
             if summary["index_version"] is not None
-            else " (no index yet)"
+            else (f", {summary['num_live']} not removed" if summary["num_live"] != summary["num_blocks"] else "")
+            + " (no index yet)"
         )
+        + articles_left_out_note(summary.get("num_pages_filtered", 0), summary.get("num_articles_without_text", 0))
         + duplicates_note(summary.get("num_duplicates", 0) if summary.get("duplicates_dropped") else 0)
         + passages_cut_note(summary.get("num_passages_cut", 0), summary.get("max_block_length", MAX_BLOCK_LENGTH))
     )
