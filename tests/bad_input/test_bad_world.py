@@ -3,6 +3,7 @@ corpus, a model or a folder of notes given as --output or --tokenizer-output; a 
 
 import os
 
+import pytest
 from helpers import one_error_line
 
 from openrealm.trainers.cli import main
@@ -71,3 +72,11 @@ def test_world_overwrite_replaces_the_world_and_vocabulary_it_wrote(tmp_path, ca
     assert main([*argv, "--seed", "1", "--overwrite"]) == 0
     assert '"seed": 1' in (tmp_path / "w" / "world_config.json").read_text()
     assert (tmp_path / "tok" / "vocab.txt").is_file()
+
+
+@pytest.mark.parametrize("vocab_size", ["5", "30"])
+def test_world_with_a_vocab_size_too_small_writes_neither_output(tmp_path, capsys, vocab_size):
+    argv = world_argv(tmp_path / "w", "--tokenizer-output", str(tmp_path / "tok"), "--vocab-size", vocab_size)
+    assert main(argv) == 2
+    assert "vocab_size" in one_error_line(capsys)
+    assert os.listdir(tmp_path) == []

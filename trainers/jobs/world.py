@@ -28,18 +28,20 @@ def run(args: argparse.Namespace) -> int:
         questions_per_fact=args.questions_per_fact,
         mentions_per_person=args.mentions_per_person,
     )
+    tokenizer = None
+    if args.tokenizer_output:  # first: its refusals (a vocab_size too small for the texts) come before any write
+        from openrealm.tokenization.vocab import train_wordpiece_vocab
+
+        tokenizer = train_wordpiece_vocab(
+            world.texts(), args.tokenizer_output, vocab_size=args.vocab_size, overwrite=args.overwrite
+        )
     path = world.write(args.output, overwrite=args.overwrite)
     config = world.config
     print(
         f"{path}: {config['num_entities']} entities, {config['num_facts']} facts, {config['num_articles']} articles, "
         f"{config['num_sentences']} sentences, questions {config['num_questions']}"
     )
-    if args.tokenizer_output:
-        from openrealm.tokenization.vocab import train_wordpiece_vocab
-
-        tokenizer = train_wordpiece_vocab(
-            world.texts(), args.tokenizer_output, vocab_size=args.vocab_size, overwrite=args.overwrite
-        )
+    if tokenizer is not None:
         print(f"{args.tokenizer_output}: WordPiece vocabulary of {len(tokenizer)} tokens")
     return 0
 
