@@ -2,6 +2,7 @@
 (model-index), the corpus and the citation; no network (a recording stand-in for HfApi)."""
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from openrealm.hub_cards import realm_model_card
 from openrealm.hub_cards.model_card import REALM_BIBTEX, openqa_model_card, written_by_openrealm
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_openqa, write_results
+from openrealm.trainers.living_corpus import edit_corpus
 from openrealm.trainers.openqa import save_finetuned
 from openrealm.trainers.publishing import push_openqa_model
 
@@ -216,6 +218,14 @@ def test_push_replaces_the_card_train_openqa_wrote(tmp_path):
     api = RecordingHfApi()
     push_openqa_model(tmp_path / "openqa", "me/realm-trained", api=api)
     assert "# me/realm-trained" in api.uploads["me/realm-trained"]["README.md"].decode()
+
+
+def test_the_card_counts_the_blocks_the_model_retrieves_from_not_those_removed(folder, tmp_path):
+    copy = shutil.copytree(folder, tmp_path / "model")
+    edit_corpus(copy, remove_ids=[0, 1], progress=False)
+    api = RecordingHfApi()
+    push_openqa_model(copy, "me/realm-toy", api=api)
+    assert f"- blocks: {len(BLOCK_TEXTS) - 2}\n" in api.uploads["me/realm-toy"]["README.md"].decode()
 
 
 @pytest.mark.parametrize("readme", ["keep", "replace"])

@@ -12,6 +12,8 @@ from openrealm.configuration_realm import read_json_object
 from openrealm.file_utils import writer_lock
 from openrealm.hub_cards.model_card import openqa_model_card, write_model_card, written_by_openrealm
 from openrealm.hub_cards.space_app import check_space_app_replaceable, write_space_app
+from openrealm.index_realm import INDEX_CONFIG_NAME, index_folder
+from openrealm.retrieval_realm import BLOCK_INDEX_DIR
 from openrealm.trainers.evaluation import read_results
 from openrealm.trainers.options import OPENQA_DEV_RESULTS_NAME, OPENQA_SUMMARY_NAME
 
@@ -41,6 +43,16 @@ def check_readme(folder: str | os.PathLike, readme: str | None) -> bool:
         f"{path} is not a card openrealm wrote (or was edited since), and push would replace it: pass --readme keep "
         "to upload it as it is (without the card's results), or --readme replace to write openrealm's card over it"
     )
+
+
+def searchable_blocks(folder: str | os.PathLike, config: dict) -> int | None:
+    """How many blocks the folder's model retrieves from: its index's blocks less those `corpus remove` removed
+    (index_config.json), else config.json's num_block_records. What the card says, not the records' rows."""
+    try:
+        index_config = read_json_object(index_folder(Path(folder) / BLOCK_INDEX_DIR) / INDEX_CONFIG_NAME)
+        return int(index_config["num_blocks"]) - int(index_config.get("num_removed", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return config.get("num_block_records")
 
 
 def check_openqa_folder(folder: str | os.PathLike) -> dict:
@@ -104,7 +116,7 @@ def push_openqa_model(
             evaluations,
             model_name=repo_id,
             training_summary=summary,
-            num_blocks=config.get("num_block_records"),
+            num_blocks=searchable_blocks(folder, config),
             corpus=corpus,
             datasets=list(datasets) if datasets else None,
             with_demo=with_demo,
