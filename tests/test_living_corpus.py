@@ -309,6 +309,15 @@ def test_remove_without_an_index_says_how_many_blocks_are_left(tmp_path, capsys)
     )
 
 
+def test_the_duplicates_warning_counts_the_blocks_not_removed(indexed_corpus, tmp_path, capsys):
+    corpus, _ = indexed_corpus
+    assert main(["corpus", "remove", "--corpus", str(corpus), "--ids", "0", "1", "--quiet"]) == 0
+    source = write_jsonl(tmp_path / "new.jsonl", [FACT, FACT])
+    assert main(["corpus", "add", "--corpus", str(corpus), "--input", source, "--no-deduplicate", "--quiet"]) == 0
+    warning = capsys.readouterr().err.splitlines()[-1]
+    assert warning.startswith(f"openrealm corpus add: warning: 1 of {len(TEXTS) - 2 + 2} blocks duplicate")
+
+
 def test_add_drops_a_block_repeated_among_the_added_articles_and_says_so(indexed_corpus, tmp_path, capsys):
     corpus, _ = indexed_corpus
     other = {"title": "quux", "text": "quux is a fictional city ."}

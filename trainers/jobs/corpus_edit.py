@@ -61,9 +61,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if summary.get("num_duplicates") and not summary["duplicates_dropped"]:  # kept: --no-deduplicate
         held = summary.get("num_duplicate_blocks", summary["num_duplicates"])  # a corpus folder's count: all live
-        print(
-            f"openrealm corpus {command}: warning: {duplicates_warning(held, summary['num_blocks'])}", file=sys.stderr
-        )
+        live = summary.get("num_live", summary["num_searchable"] or summary["num_blocks"])  # not those removed
+        print(f"openrealm corpus {command}: warning: {duplicates_warning(held, live)}", file=sys.stderr)
     if summary["needs_rebuild"]:
         print(
             f"openrealm corpus {command}: warning: the approximate index changed by {summary['drift']:.0%} since it "
