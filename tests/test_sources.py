@@ -17,7 +17,7 @@ from helpers import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_
 from openrealm import BlockRecords, RealmRetriever
 from openrealm.tokenization.corpus import build_corpus
 from openrealm.tokenization.corpus_folder import load_corpus, read_corpus_config
-from openrealm.tokenization.sources import InputOptions
+from openrealm.tokenization.sources import InputOptions, unquote_cell
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_openqa
 from openrealm.trainers.living_corpus import edit_corpus
@@ -201,6 +201,14 @@ def test_a_tsv_cell_wholly_in_quotes_is_read_as_dpr_writes_it(tmp_path):
     )
     blocks = build(tsv, tmp_path / "corpus", passages_as_blocks=True)
     assert blocks["text"] == ['Aaron ( or ; "Aharon") is a prophet.']
+
+
+@pytest.mark.parametrize(
+    ("cell", "text"),
+    [('"a ""b"" c"', 'a "b" c'), ('""', ""), ('"', '"'), ('"a"b"', '"a"b"'), ('"open', '"open'), ('a "b"', 'a "b"')],
+)
+def test_only_a_cell_wholly_in_quotes_with_its_inner_quotes_doubled_is_unquoted(cell, text):
+    assert unquote_cell(cell) == text
 
 
 def test_tsv_quoting_none_keeps_every_cell_as_written(tmp_path, capsys):

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -284,16 +283,15 @@ def _read_table_file(path: str, kind: str, columns: list[str], cache_dir: str, q
         raise ValueError(f"{path}: cannot read it as {kind.upper()}: {type(cause).__name__}: {cause}") from None
 
 
-_QUOTED_CELL = re.compile(r'"((?:[^"]|"")*)"', re.DOTALL)
-
-
 def unquote_cell(cell: str) -> str:
     """A TSV cell wholly in double quotes without them, `""` inside read as `"` (DPR's psgs_w100.tsv quotes its
     texts so, as Python's csv module writes); any other cell, a lone or unpaired quote included, as it is."""
-    if not cell.startswith('"'):
+    if len(cell) < 2 or cell[0] != '"' or cell[-1] != '"':
         return cell
-    match = _QUOTED_CELL.fullmatch(cell)
-    return cell if match is None else match.group(1).replace('""', '"')
+    inner = cell[1:-1]
+    if '"' not in inner:
+        return inner
+    return cell if '"' in inner.replace('""', "") else inner.replace('""', '"')  # quotes inside: doubled, or text
 
 
 def _open_text(path: str):
