@@ -24,10 +24,11 @@ is read with CSV's quoting, strictly (a quote closing a cell must end it).
 Each table is checked before any block is made: the title and text columns (and the id column when asked for) must
 be there (the error names the columns found) and hold strings, with no missing value (the error names the file and
 the 1-based row, header not counted). A CSV/TSV row must have as many cells as the header, and be UTF-8: pandas, which
-datasets reads CSV with, would fill a short row with empty strings and drop extra cells, so one pass of Python's csv
-module (the reader DPR's own code uses) checks every row first and names the file, row and line of a bad one, and
-counts the rows; the rows pandas then reads must be as many (a TSV read line by line: the file's lines after the
-header), so no row is lost without an error. Rows whose quoted cells span lines are said on stderr.
+datasets reads CSV with, would fill a short row with empty strings and drop extra cells, so one pass over the file
+(its lines split at tabs, or Python's csv module for CSV quoting) checks every row first, names the file, row and
+line of a bad one, and counts the rows; the rows pandas then reads must be as many (a TSV read line by line: the
+file's lines after the header), so no row is lost without an error. Rows whose quoted cells span lines are said on
+stderr.
 """
 
 from __future__ import annotations
