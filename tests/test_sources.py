@@ -256,6 +256,13 @@ def test_a_csv_cell_with_line_breaks_is_one_row_not_a_lost_one(tmp_path, capsys)
     assert "2 row(s) from 3 line(s) after the header: quoted cells of 1 row(s) span lines" in capsys.readouterr().err
 
 
+def test_a_header_naming_a_column_read_twice_is_refused(tmp_path, capsys):
+    tsv = write_text_lines(tmp_path / "a.tsv", "title\ttext\ttitle", "A\tSome text.\tB")
+    out = tmp_path / "corpus"
+    expected = f"{tsv}: the header names the column 'title' 2 times (title, text, title), so which to read is unclear"
+    assert_refused(capsys, build_argv(tsv, out), out, expected)
+
+
 def test_rows_the_table_reader_loses_are_refused(tmp_path, capsys, monkeypatch):
     from openrealm.tokenization import sources
 

@@ -347,16 +347,23 @@ def _csv_header(path: str, kind: str, quoting: str) -> list[str]:
     return header[0]
 
 
-def check_csv_rows(path: str, kind: str, quoting: str = "cell") -> int:
+def check_csv_rows(path: str, kind: str, quoting: str = "cell", read: Sequence[str] = ()) -> int:
     """Every row of a CSV/TSV file has the header's number of cells and is UTF-8 text; a ValueError naming the file,
-    the 1-based row (header not counted) and its line otherwise. -> the number of rows after the header, which the
-    reader must give (a TSV read line by line: the file's lines after the header). One streaming pass, constant
-    memory; the rows whose quoted cells span lines are said on stderr, the first named."""
+    the 1-based row (header not counted) and its line otherwise, or when the header names a column of `read` (those
+    to be read) twice. -> the number of rows after the header, which the reader must give (a TSV read line by line:
+    the file's lines after the header). One streaming pass, constant memory; the rows whose quoted cells span lines
+    are said on stderr, the first named."""
     spanning, first, line, row_number = 0, "", 0, 0
     with _open_text(path) as f:
         rows = _table_rows(f, path, kind, quoting)
         try:
             header, _, line = next(rows, ([], 0, 0))
+            twice = [name for name in read if header.count(name) > 1]
+            if twice:
+                raise ValueError(
+                    f"{path}: the header names the column {twice[0]!r} {header.count(twice[0])} times "
+                    f"({', '.join(header)}), so which to read is unclear: rename the others"
+                )
             for row_number, (row, first_line, line) in enumerate(rows, start=1):
                 if len(row) != len(header):
                     hint = ""
@@ -522,7 +529,7 @@ def load_table_articles(
         columns = options.columns(read_ids, found)
         names = list(dict.fromkeys(columns.values()))
         if kind in ("csv", "tsv"):
-            rows = check_csv_rows(path, kind, options.tsv_quoting)
+            rows = check_csv_rows(path, kind, options.tsv_quoting, names)
         if kind not in ("folder", "hub"):
             dataset = _read_table_file(path, kind, names, cache_dir, options.tsv_quoting)
         if kind in ("csv", "tsv") and len(dataset) != rows:
