@@ -10,8 +10,10 @@ learning_rate, refresh_mode, refresh_every, final metrics, ...); missing entries
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -343,12 +345,34 @@ def _demo_section(model_name: str) -> list[str]:
     ]
 
 
+# The last line of every card openrealm writes: the SHA-256 of the text above it, so that `openrealm push` tells a card
+# it may replace (written by openrealm, unedited) from a hand-written or edited one (docs/publishing.md)
+CARD_MARK = "<!-- written by openrealm (sha256 {digest} of the text above); push replaces it while unedited -->"
+_CARD_MARK = re.compile(r"\n<!-- written by openrealm \(sha256 ([0-9a-f]{64}) of the text above\)[^\n]*-->\n?\Z")
+
+
+def card_text(card) -> str:
+    """The text of `card` (a ModelCard or str) as openrealm writes it: ending in CARD_MARK with its digest."""
+    text = str(card).rstrip("\n") + "\n"
+    return f"{text}\n{CARD_MARK.format(digest=hashlib.sha256(text.encode()).hexdigest())}\n"
+
+
+def written_by_openrealm(text: str) -> bool:
+    """Whether a README.md's text is a card openrealm wrote (card_text) and nobody edited since: its last line is
+    CARD_MARK with the digest of the text above it."""
+    match = _CARD_MARK.search(text)
+    return match is not None and hashlib.sha256(text[: match.start()].encode()).hexdigest() == match.group(1)
+
+
 def write_model_card(folder: str | os.PathLike, card) -> Path:
-    """Write FOLDER/README.md atomically (temporary file beside it, then rename)."""
-    return Path(write_text_atomic(Path(folder) / "README.md", str(card)))
+    """Write FOLDER/README.md atomically (temporary file beside it, then rename), marked as openrealm's
+    (card_text)."""
+    return Path(write_text_atomic(Path(folder) / "README.md", card_text(card)))
 
 
 __all__ = [
+    "CARD_MARK",
+    "card_text",
     "evaluation_results",
     "final_metrics",
     "KINDS",
@@ -356,4 +380,5 @@ __all__ = [
     "REALM_BIBTEX",
     "realm_model_card",
     "write_model_card",
+    "written_by_openrealm",
 ]

@@ -48,6 +48,32 @@ def space_requirements(folder: str | os.PathLike) -> list[str]:
     return [*REQUIREMENTS, *(["faiss-cpu>=1.8"] if index_type != "exact" else [])]
 
 
+# What marks app.py and requirements.txt as written by push (APP_TEMPLATE says it; requirements.txt's first line)
+APP_MARK = "Written by `openrealm push --with-demo`."
+REQUIREMENTS_MARK = "# written by openrealm push --with-demo"
+
+
+def check_space_app_replaceable(folder: str | os.PathLike) -> None:
+    """A FileExistsError, before anything is written, when FOLDER holds an app.py or requirements.txt that an
+    earlier `push --with-demo` did not write (a Space app or requirements of the user's own): write_space_app would
+    replace it. A requirements.txt of the requirements alone (as pushes wrote it before REQUIREMENTS_MARK) is
+    push's."""
+    folder = Path(folder)
+    ours = {
+        "app.py": lambda text: APP_MARK in text,
+        "requirements.txt": lambda text: (
+            text.startswith(REQUIREMENTS_MARK) or set(text.split()) <= {*REQUIREMENTS, "faiss-cpu>=1.8"}
+        ),
+    }
+    for name, written_by_push in ours.items():
+        path = folder / name
+        if path.exists() and not written_by_push(path.read_text(encoding="utf-8", errors="replace")):
+            raise FileExistsError(
+                f"{path} was not written by openrealm push --with-demo, which would replace it with the demo's: move "
+                "it out of the folder, or push without --with-demo"
+            )
+
+
 def write_space_app(folder: str | os.PathLike, model_id: str) -> list[Path]:
     """Write app.py, openrealm_demo.py and requirements.txt into `folder` (each atomically) for the checkpoint
     `model_id` (a Hub repo id, or a path the app can load). Returns the paths written."""
@@ -59,9 +85,9 @@ def write_space_app(folder: str | os.PathLike, model_id: str) -> list[Path]:
         "openrealm_demo.py": resources.files("openrealm.trainers")
         .joinpath("demo_page.py")
         .read_text(encoding="utf-8"),
-        "requirements.txt": "\n".join(space_requirements(folder)) + "\n",
+        "requirements.txt": "\n".join([REQUIREMENTS_MARK, *space_requirements(folder)]) + "\n",
     }
     return [Path(write_text_atomic(folder / name, text)) for name, text in contents.items()]
 
 
-__all__ = ["APP_FILES", "space_requirements", "write_space_app"]
+__all__ = ["APP_FILES", "check_space_app_replaceable", "space_requirements", "write_space_app"]

@@ -2,7 +2,8 @@
 
     qa = pipeline("question-answering", model="path/or/repo")       # after `import openrealm`
     qa("Who wrote Hamlet?")      -> {"answer", "score", "block_id", "title", "text", "start", "end", "retrieval_score"}
-    qa(["q1", "q2"], top_k=3)   -> one list of answers per question (questions are batched)
+    qa(["q1", "q2"], top_k=3)   -> one list of answers per question (questions are batched); at most top_k: fewer
+                                   when the blocks read hold fewer spans (an answer is always a span of a block)
     qa("Who wrote Hamlet?", top_k=3, num_blocks=5, num_retrieved=20, return_blocks=True)
                                 -> {"answers": [3 answers], "blocks": [20 retrieved blocks, best first, 5 "read"]}
     qa("Who wrote it?", context="Hamlet is a tragedy by William Shakespeare.")   -> reads only the given text
@@ -264,13 +265,19 @@ class RealmQuestionAnsweringPipeline(Pipeline):
         return model_outputs
 
     def _top_spans(self, reader_logits: torch.Tensor, input_ids: torch.Tensor, top_k: int):
-        """The top_k (block, start, end, probability) by joint logit, distinct answer token sequences."""
+        """The top_k (block, start, end, probability) by joint logit, distinct answer token sequences, all inside
+        their block: fewer when the blocks hold fewer spans (the reader masks the others, mask_to_score, and they are
+        the question, [SEP] or padding, never an answer)."""
         seq_len = input_ids.shape[-1]
         starts, ends = span_candidates(seq_len, self.model.config.max_span_width, reader_logits.device)
-        probabilities = reader_logits.float().reshape(-1).softmax(-1)
-        order = torch.argsort(probabilities, descending=True)
+        logits = reader_logits.float().reshape(-1)
+        probabilities = logits.softmax(-1)
+        masked = torch.finfo(reader_logits.dtype).min / 2  # a masked span's logit is finfo.min plus its own
+        order = torch.argsort(logits, descending=True)
         chosen, seen = [], set()
         for flat in order.tolist():
+            if logits[flat] <= masked:
+                break
             block, span = divmod(flat, starts.shape[0])
             start, end = starts[span].item(), ends[span].item()
             key = tuple(input_ids[block, start : end + 1].tolist())

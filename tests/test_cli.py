@@ -77,6 +77,14 @@ def modules_imported_by(*argv: str) -> set[str]:
 HEAVY = {"torch", "transformers", "datasets"}  # every job module but quickstart's and world's imports one of them
 
 
+@pytest.mark.parametrize("command", ["convert", "ask", *(" ".join(filter(None, job)) for job in cli.JOBS)])
+def test_every_command_takes_quiet_and_verbose_as_the_readme_says(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser([*command.split(), "--help"]).parse_args([*command.split(), "--help"])
+    help_text = capsys.readouterr().out
+    assert "-q, --quiet" in help_text and "-v, --verbose" in help_text
+
+
 def test_openrealm_help_imports_neither_torch_transformers_nor_datasets():
     imported = modules_imported_by("--help")
     assert "openrealm.trainers.cli" in imported

@@ -574,9 +574,22 @@ def test_cli_build_says_how_many_duplicates_it_dropped(tmp_path, tokenizer, caps
     source = write_jsonl(tmp_path / "a.jsonl", [{"title": t, "text": x} for t, x in REPEATED])
     assert run(cli_args("--input", source, "--output", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"))) == 0
     captured = capsys.readouterr()
-    assert "Wrote 3 blocks from 3 articles" in captured.out
+    assert "Wrote 3 blocks from 3 of 6 articles" in captured.out
     assert "(3 duplicate block(s) dropped: the same title and text as an earlier block)" in captured.out
     assert "warning" not in captured.err
+
+
+def test_cli_build_says_how_many_articles_made_no_block_and_why(tmp_path, tokenizer, capsys):
+    tokenizer.save_pretrained(tmp_path / "tok")
+    rows = [("List of rivers", "The nile is long."), ("empty", ""), ("blank", "   "), ("nile", "The nile is long.")]
+    source = write_jsonl(tmp_path / "a.jsonl", [{"title": t, "text": x} for t, x in rows])
+    assert run(cli_args("--input", source, "--output", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"))) == 0
+    assert capsys.readouterr().out == (
+        f"Wrote 1 blocks from 1 of 4 articles to {tmp_path / 'c'} (1 article(s) dropped by the page filter, which "
+        "--no-page-filter turns off; 2 article(s) without text)\n"
+    )
+    config = json.loads((tmp_path / "c" / "corpus_config.json").read_text())
+    assert (config["num_pages_filtered"], config["num_articles_without_text"]) == (1, 2)
 
 
 def test_cli_build_with_no_deduplicate_warns_about_the_duplicates_it_keeps(tmp_path, tokenizer, capsys):

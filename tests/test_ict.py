@@ -451,10 +451,26 @@ def test_ict_refuses_a_corpus_whose_every_example_would_be_dropped_before_loadin
 def test_ict_summary_line_warns_when_most_examples_are_dropped(tmp_path, capsys):
     corpus = one_sentence_corpus(tmp_path / "corpus")
     output = tmp_path / "ict"
-    assert main(train_args(corpus, output, "--max-steps", "1", "--batch-size", "2", "--save-steps", "0")) == 0
+    steps = ["--max-steps", "2", "--batch-size", "6", "--mask-rate", "0.6", "--save-steps", "0"]
+    assert main(train_args(corpus, output, *steps)) == 0
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith(f"ICT: saved the RealmEmbedder to {output} (train loss ")
-    assert "; warning: 5 of 6 examples an epoch (83%) give no training example: 5 because their block holds" in line
+    assert "; warning: 4 of 6 examples an epoch (67%) give no training example: 4 because their block holds" in line
+
+
+def test_ict_whose_loss_is_exactly_zero_at_every_step_fails_and_saves_no_model(tmp_path, capsys):
+    corpus = one_sentence_corpus(tmp_path / "corpus")
+    output = tmp_path / "ict"
+    # 5 of 6 examples dropped on average: under --max-dropped-share 0.9, but no step of batch 2 keeps two queries
+    assert main(train_args(corpus, output, "--max-steps", "1", "--batch-size", "2", "--save-steps", "0")) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "openrealm: error: train ict trained nothing: its loss was exactly 0 at each of its 1 step(s), as no query "
+        "had another block of its batch to be scored against. About 5 of the 6 examples an epoch (83%) are dropped "
+        "(a block of one sentence loses it with probability --mask-rate 0.9), and a dropped example leaves the loss, "
+        "as query and as block. Use articles of several sentences per block, a lower --mask-rate or a larger "
+        "--batch-size. No model was saved."
+    )
+    assert not (output / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("num_blocks, batch_size", [(1, 1), (6, 1)])

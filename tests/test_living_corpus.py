@@ -289,6 +289,35 @@ def test_article_ids_of_later_adds_never_reuse_those_of_articles_the_page_filter
     assert (config["num_input_articles"], config["num_articles"]) == (len(TEXTS) + 3, len(TEXTS) + 2)
 
 
+def test_add_says_how_many_articles_made_no_block_and_counts_them_in_the_config(indexed_corpus, tmp_path, capsys):
+    corpus, _ = indexed_corpus
+    dropped = [{"title": "List of moons", "text": "a list page ."}, {"title": "empty", "text": ""}]
+    source = write_jsonl(tmp_path / "a.jsonl", [*dropped, FACT])
+    assert main(["corpus", "add", "--corpus", str(corpus), "--input", source, "--quiet"]) == 0
+    assert capsys.readouterr().out.endswith(
+        "(1 article(s) dropped by the page filter, which --no-page-filter turns off; 1 article(s) without text)\n"
+    )
+    config = read_corpus_config(corpus)
+    assert (config["num_pages_filtered"], config["num_articles_without_text"]) == (1, 1)
+
+
+def test_remove_without_an_index_says_how_many_blocks_are_left(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus")
+    assert main(["corpus", "remove", "--corpus", str(corpus), "--ids", "0", "1", "--quiet"]) == 0
+    assert capsys.readouterr().out == (
+        f"{corpus}: removed 2 block(s); {len(TEXTS)} blocks, {len(TEXTS) - 2} not removed (no index yet)\n"
+    )
+
+
+def test_the_duplicates_warning_counts_the_blocks_not_removed(indexed_corpus, tmp_path, capsys):
+    corpus, _ = indexed_corpus
+    assert main(["corpus", "remove", "--corpus", str(corpus), "--ids", "0", "1", "--quiet"]) == 0
+    source = write_jsonl(tmp_path / "new.jsonl", [FACT, FACT])
+    assert main(["corpus", "add", "--corpus", str(corpus), "--input", source, "--no-deduplicate", "--quiet"]) == 0
+    warning = capsys.readouterr().err.splitlines()[-1]
+    assert warning.startswith(f"openrealm corpus add: warning: 1 of {len(TEXTS) - 2 + 2} blocks duplicate")
+
+
 def test_add_drops_a_block_repeated_among_the_added_articles_and_says_so(indexed_corpus, tmp_path, capsys):
     corpus, _ = indexed_corpus
     other = {"title": "quux", "text": "quux is a fictional city ."}

@@ -2,7 +2,7 @@
 library's."""
 
 from openrealm import index_realm
-from openrealm.tokenization import blocks, masking
+from openrealm.tokenization import blocks, masking, sources
 from openrealm.trainers import demo_page, embedding, options, pretraining
 from openrealm.trainers.pretraining import refresh
 
@@ -11,6 +11,7 @@ def test_the_spelled_out_defaults_equal_the_constants_of_the_modules_that_use_th
     assert options.MASKING_STRATEGIES == masking.STRATEGIES
     assert options.INDEX_TYPES == index_realm.INDEX_TYPES
     assert options.MAX_BLOCK_LENGTH == blocks.MAX_BLOCK_LENGTH
+    assert options.TSV_QUOTINGS == sources.TSV_QUOTINGS
     assert tuple(embedding.DTYPES) == options.DTYPE_NAMES
     assert options.DEMO_NUM_RETRIEVED == demo_page.NUM_RETRIEVED
 

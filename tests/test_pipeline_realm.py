@@ -94,6 +94,19 @@ def test_start_and_end_locate_each_answer_in_the_text_of_its_block(qa):
         assert answer["text"][answer["start"] : answer["end"]] == answer["answer"]
 
 
+def test_top_k_beyond_the_spans_of_the_blocks_read_returns_only_those_spans(qa):
+    answers = qa(QUESTIONS[0], top_k=1000, num_blocks=2)
+    assert 0 < len(answers) < 1000  # two blocks of a few words: far fewer spans, and no question, [SEP] or [PAD]
+    assert all(answer["text"][answer["start"] : answer["end"]] == answer["answer"] for answer in answers)
+
+
+def test_top_k_beyond_the_spans_of_a_context_returns_only_its_spans(qa):
+    context = "The Nile flows through Egypt."
+    answers = qa(QUESTIONS[0], context=context, top_k=1000)
+    assert 0 < len(answers) < 1000
+    assert all(context[answer["start"] : answer["end"]] == answer["answer"] for answer in answers)
+
+
 def test_return_blocks_lists_every_retrieved_block_best_first_and_marks_those_read(qa):
     result = qa(QUESTIONS[0], top_k=2, num_blocks=2, num_retrieved=5, return_blocks=True)
     assert set(result) == {"answers", "blocks"} and len(result["answers"]) == 2

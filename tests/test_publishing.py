@@ -2,6 +2,7 @@
 (model-index), the corpus and the citation; no network (a recording stand-in for HfApi)."""
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -13,9 +14,11 @@ from helpers import BLOCK_TEXTS, LOCK_HOLDER, WAIT_SECONDS, RecordingHfApi, make
 from huggingface_hub import ModelCard
 
 from openrealm.hub_cards import realm_model_card
-from openrealm.hub_cards.model_card import REALM_BIBTEX, openqa_model_card
+from openrealm.hub_cards.model_card import REALM_BIBTEX, openqa_model_card, written_by_openrealm
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_openqa, write_results
+from openrealm.trainers.living_corpus import edit_corpus
+from openrealm.trainers.openqa import save_finetuned
 from openrealm.trainers.publishing import push_openqa_model
 
 PUSH_WAIT_SECONDS = 30  # for a push to start waiting for the writer holding the folder's lock
@@ -199,6 +202,49 @@ def test_without_eval_results_the_card_keeps_the_folders_own_dev_results_and_tra
     (entry,) = card_metadata(card)["model-index"]
     assert [result["dataset"]["name"] for result in entry["results"]] == ["toy-dev"]
     assert "steps: 123" in card and "training data: toy-train" in card
+
+
+def test_push_replaces_the_card_it_wrote_and_marks_it_as_openrealms(folder, results_file):
+    api = RecordingHfApi()
+    push_openqa_model(folder, "me/realm-toy", api=api)
+    push_openqa_model(folder, "me/realm-toy", eval_results=[results_file], api=api)
+    card = (folder / "README.md").read_text()
+    assert "model-index" in card_metadata(card) and written_by_openrealm(card)
+    assert card.splitlines()[-1].startswith("<!-- written by openrealm (sha256 ")
+
+
+def test_push_replaces_the_card_train_openqa_wrote(tmp_path):
+    save_finetuned(make_openqa_model(seed=0), tmp_path / "openqa", {"num_blocks": 6, "max_steps": 1}, None)
+    api = RecordingHfApi()
+    push_openqa_model(tmp_path / "openqa", "me/realm-trained", api=api)
+    assert "# me/realm-trained" in api.uploads["me/realm-trained"]["README.md"].decode()
+
+
+def test_the_card_counts_the_blocks_the_model_retrieves_from_not_those_removed(folder, tmp_path):
+    copy = shutil.copytree(folder, tmp_path / "model")
+    edit_corpus(copy, remove_ids=[0, 1], progress=False)
+    api = RecordingHfApi()
+    push_openqa_model(copy, "me/realm-toy", api=api)
+    assert f"- blocks: {len(BLOCK_TEXTS) - 2}\n" in api.uploads["me/realm-toy"]["README.md"].decode()
+
+
+@pytest.mark.parametrize("readme", ["keep", "replace"])
+def test_push_readme_keep_uploads_a_hand_written_readme_and_replace_writes_the_card(
+    folder, results_file, monkeypatch, capsys, readme
+):
+    api = RecordingHfApi()
+    monkeypatch.setattr("huggingface_hub.HfApi", lambda: api)
+    mine = "# My model\n\nNotes of my own.\n"
+    (folder / "README.md").write_text(mine)
+    argv = ["push", "--model", str(folder), "--repo-id", "me/realm-toy", "--eval-results", str(results_file)]
+    try:
+        assert main([*argv, "--readme", readme]) == 0
+        uploaded = api.uploads["me/realm-toy"]["README.md"].decode()
+        assert (uploaded == mine) == (readme == "keep")
+        assert ("model-index" in uploaded) == (readme == "replace")
+        assert ("with the folder's own README.md" in capsys.readouterr().out) == (readme == "keep")
+    finally:
+        (folder / "README.md").unlink()
 
 
 def test_push_waits_for_a_writer_of_the_folder_and_uploads_the_version_it_wrote(folder, tmp_path, waiting):

@@ -4,6 +4,7 @@ through datasets' loaders; `--passages-as-blocks` keeps each passage one block w
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import datasets
@@ -16,7 +17,7 @@ from helpers import BLOCK_TEXTS, fixture_folder, fixture_tokenizer, make_openqa_
 from openrealm import BlockRecords, RealmRetriever
 from openrealm.tokenization.corpus import build_corpus
 from openrealm.tokenization.corpus_folder import load_corpus, read_corpus_config
-from openrealm.tokenization.sources import InputOptions
+from openrealm.tokenization.sources import InputOptions, unquote_cell
 from openrealm.trainers.cli import main
 from openrealm.trainers.evaluation import evaluate_openqa
 from openrealm.trainers.living_corpus import edit_corpus
@@ -164,6 +165,115 @@ def test_a_hub_id_is_loaded_with_its_configuration_and_split(tmp_path, monkeypat
     assert titles_and_texts(blocks) == EXPECTED
 
 
+# --- Quotes: one row a TSV line unless --tsv-quoting csv; CSV's quoting checked; no row lost -------------------------
+
+MERGING_QUOTES = [
+    '1\t"Hello there, he said.\tT1',
+    "2\tSecond passage.\tT2",
+    '3\tThird "ends" here.\tT3',
+    "4\tFourth.\tT4",
+]
+
+
+def write_text_lines(path: Path, *lines: str) -> str:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def test_a_tsv_cell_opening_a_quote_never_swallows_the_rows_after_it(tmp_path, capsys):
+    tsv = write_text_lines(tmp_path / "merge.tsv", "id\ttext\ttitle", *MERGING_QUOTES)
+    assert main(build_argv(tsv, tmp_path / "corpus", "--passages-as-blocks", "--no-page-filter")) == 0
+    blocks = load_corpus(tmp_path / "corpus")
+    assert blocks["passage_id"] == ["1", "2", "3", "4"]
+    assert blocks["title"] == ["T1", "T2", "T3", "T4"]
+    assert blocks["text"] == ['"Hello there, he said.', "Second passage.", 'Third "ends" here.', "Fourth."]
+
+
+def test_a_tsv_with_a_quote_never_closed_reads_its_header(tmp_path):
+    tsv = write_text_lines(tmp_path / "open.tsv", "id\ttext\ttitle", *MERGING_QUOTES[:2])
+    blocks = build(tsv, tmp_path / "corpus", passages_as_blocks=True)
+    assert blocks["text"] == ['"Hello there, he said.', "Second passage."]
+
+
+def test_a_tsv_cell_wholly_in_quotes_is_read_as_dpr_writes_it(tmp_path):
+    tsv = write_text_lines(
+        tmp_path / "psgs_w100.tsv", "id\ttext\ttitle", '1\t"Aaron ( or ; ""Aharon"") is a prophet."\tAaron'
+    )
+    blocks = build(tsv, tmp_path / "corpus", passages_as_blocks=True)
+    assert blocks["text"] == ['Aaron ( or ; "Aharon") is a prophet.']
+
+
+@pytest.mark.parametrize(
+    ("cell", "text"),
+    [('"a ""b"" c"', 'a "b" c'), ('""', ""), ('"', '"'), ('"a"b"', '"a"b"'), ('"open', '"open'), ('a "b"', 'a "b"')],
+)
+def test_only_a_cell_wholly_in_quotes_with_its_inner_quotes_doubled_is_unquoted(cell, text):
+    assert unquote_cell(cell) == text
+
+
+def test_tsv_quoting_none_keeps_every_cell_as_written(tmp_path, capsys):
+    tsv = write_text_lines(tmp_path / "a.tsv", "id\ttext\ttitle", '1\t"Quoted text."\t"T1"')
+    assert main(build_argv(tsv, tmp_path / "corpus", "--passages-as-blocks", "--tsv-quoting", "none")) == 0
+    blocks = load_corpus(tmp_path / "corpus")
+    assert (blocks["title"], blocks["text"]) == (['"T1"'], ['"Quoted text."'])
+
+
+def test_tsv_quoting_csv_reads_tabs_and_line_breaks_in_quoted_cells_and_says_so(tmp_path, capsys):
+    tsv = write_text_lines(tmp_path / "a.tsv", "id\ttext\ttitle", '1\t"One\ttab."\tT1', '2\t"Two\nlines."\tT2')
+    assert main(build_argv(tsv, tmp_path / "corpus", "--passages-as-blocks", "--tsv-quoting", "csv")) == 0
+    assert load_corpus(tmp_path / "corpus")["text"] == ["One\ttab.", "Two\nlines."]
+    assert capsys.readouterr().err == (
+        f"{tsv}: 2 row(s) from 3 line(s) after the header: quoted cells of 1 row(s) span lines "
+        "(the first: row 2, lines 3-4)\n"
+    )
+
+
+def test_a_tab_in_a_quoted_tsv_cell_is_refused_naming_tsv_quoting_csv(tmp_path, capsys):
+    tsv = write_text_lines(tmp_path / "a.tsv", "id\ttext\ttitle", '1\t"One\ttab."\tT1')
+    out = tmp_path / "corpus"
+    assert_refused(
+        capsys,
+        build_argv(tsv, out),
+        out,
+        f"{tsv}, row 1 (line 2): 4 cell(s), but the header has 3 (id, text, title); if its quoted cells hold tabs or "
+        "line breaks, read it with --tsv-quoting csv",
+    )
+
+
+def test_a_csv_quote_swallowing_the_rows_after_it_is_refused_naming_its_lines(tmp_path, capsys):
+    lines = [line.replace("\t", ",") for line in MERGING_QUOTES]
+    path = write_text_lines(tmp_path / "merge.csv", "id,text,title", *lines)
+    out = tmp_path / "corpus"
+    assert_refused(
+        capsys, build_argv(path, out), out, f"{path}, line 4: ',' expected after '\"' (the row began on line 2)"
+    )
+
+
+def test_a_csv_cell_with_line_breaks_is_one_row_not_a_lost_one(tmp_path, capsys):
+    path = write_text_lines(tmp_path / "a.csv", "id,text,title", '1,"Two\nlines.",T1', "2,One line.,T2")
+    assert main(build_argv(path, tmp_path / "corpus", "--passages-as-blocks")) == 0
+    assert load_corpus(tmp_path / "corpus")["passage_id"] == ["1", "2"]
+    assert "2 row(s) from 3 line(s) after the header: quoted cells of 1 row(s) span lines" in capsys.readouterr().err
+
+
+def test_a_header_naming_a_column_read_twice_is_refused(tmp_path, capsys):
+    tsv = write_text_lines(tmp_path / "a.tsv", "title\ttext\ttitle", "A\tSome text.\tB")
+    out = tmp_path / "corpus"
+    expected = f"{tsv}: the header names the column 'title' 2 times (title, text, title), so which to read is unclear"
+    assert_refused(capsys, build_argv(tsv, out), out, expected)
+
+
+def test_rows_the_table_reader_loses_are_refused(tmp_path, capsys, monkeypatch):
+    from openrealm.tokenization import sources
+
+    read = sources._read_table_file
+    monkeypatch.setattr(sources, "_read_table_file", lambda *args: read(*args).select([0, 2]))
+    tsv = write_tsv(tmp_path / "psgs.tsv", ROWS)
+    out = tmp_path / "corpus"
+    expected = f"{tsv}: the TSV reader gave 2 row(s), but the file holds 3 after its header: rows would be lost"
+    assert_refused(capsys, build_argv(tsv, out), out, expected)
+
+
 # --- Passages as blocks ----------------------------------------------------------------------------------------------
 
 
@@ -301,6 +411,35 @@ def test_a_tsv_that_is_not_utf8_is_refused_naming_it(tmp_path, capsys):
     tsv.write_bytes(b"id\ttext\ttitle\n1\tcaf\xe9\tthe nile\n")
     out = tmp_path / "corpus"
     assert_refused(capsys, build_argv(str(tsv), out), out, f"{tsv}: not UTF-8 text")
+
+
+def arrow_batch_ends(path: Path) -> list[int]:
+    """The byte offset after each record batch of an Arrow stream file."""
+    with pa.memory_map(str(path)) as source:
+        reader, ends = pa.ipc.open_stream(source), []
+        for _ in reader:
+            ends.append(source.tell())
+    return ends
+
+
+@pytest.mark.parametrize("cut", ["in a batch", "between batches"])
+def test_a_saved_dataset_whose_arrow_file_is_cut_short_is_refused_naming_the_file(tmp_path, capsys, cut):
+    Dataset.from_list(ROWS * 400).save_to_disk(tmp_path / "saved")  # 1200 rows: two record batches
+    (arrow,) = (tmp_path / "saved").glob("*.arrow")
+    ends = arrow_batch_ends(arrow)
+    os.truncate(arrow, ends[0] if cut == "between batches" else ends[1] - 100)
+    capsys.readouterr()  # save_to_disk's progress bar
+    out = tmp_path / "corpus"
+    assert_refused(capsys, build_argv(str(tmp_path / "saved"), out), out, f"{arrow}: not a whole Arrow file")
+
+
+def test_a_saved_dataset_whose_state_json_is_not_json_is_refused_naming_it(tmp_path, capsys):
+    Dataset.from_list(ROWS).save_to_disk(tmp_path / "saved")
+    (tmp_path / "saved" / "state.json").write_text("not json {")
+    capsys.readouterr()  # save_to_disk's progress bar
+    out = tmp_path / "corpus"
+    expected = f"{tmp_path / 'saved' / 'state.json'}: not JSON: Expecting value: line 1 column 1 (char 0)"
+    assert_refused(capsys, build_argv(str(tmp_path / "saved"), out), out, expected)
 
 
 def test_a_column_of_numbers_is_named_with_its_type(tmp_path, capsys):

@@ -50,7 +50,8 @@ COLUMNS = (
 
 
 # Google's remove_doc (wiki_preprocessor.py): list, index and outline pages, and disambiguation pages.
-_REMOVED_TITLE = re.compile(r"(List of .+)|(Index of .+)|(Outline of .+)|(.*\(disambiguation\).*)")
+_REMOVED_TITLE_PATTERN = r"(List of .+)|(Index of .+)|(Outline of .+)|(.*\(disambiguation\).*)"
+_REMOVED_TITLE = re.compile(_REMOVED_TITLE_PATTERN)
 
 
 def document_uid(title: str, text: str) -> str:
@@ -453,6 +454,37 @@ def pack_articles(
     return blocks, num_cut
 
 
+# corpus_config.json's counts of the input articles that made no block, by cause (articles_left_out)
+LEFT_OUT_COUNTS = ("num_pages_filtered", "num_articles_without_text")
+
+
+def articles_left_out(articles, blocks, page_filter: bool) -> dict[str, int]:
+    """How many of `articles` (a Dataset with "title") made no block of `blocks` (pack_articles' blocks, duplicates
+    not yet dropped), by cause: {"num_pages_filtered": titles the page filter drops (is_removed_page),
+    "num_articles_without_text": the others (no text, or none the tokenizer keeps)}. Counted in Arrow."""
+    import pyarrow.compute as pc
+
+    from openrealm.tokenization.duplicates import count_distinct_in_order
+
+    filtered = 0
+    if page_filter:
+        titles = articles.with_format("arrow")["title"]
+        filtered = int(pc.sum(pc.match_substring_regex(titles, f"^(?:{_REMOVED_TITLE_PATTERN})")).as_py() or 0)
+    made = count_distinct_in_order(blocks.data.column("article_id"))
+    return dict(zip(LEFT_OUT_COUNTS, (filtered, len(articles) - filtered - made)))
+
+
+def articles_left_out_note(num_pages_filtered: int, num_articles_without_text: int, unit: str = "article") -> str:
+    """The end of a corpus command's summary line when input articles (unit: or "passage") made no block ("" when
+    all did): the page filter's and those without text."""
+    parts = []
+    if num_pages_filtered:
+        parts.append(f"{num_pages_filtered} {unit}(s) dropped by the page filter, which --no-page-filter turns off")
+    if num_articles_without_text:
+        parts.append(f"{num_articles_without_text} {unit}(s) without text")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def passages_cut_note(num_cut: int, max_block_length: int) -> str:
     """The end of a corpus command's summary line when passages were cut to fit a block ("" when none)."""
     if not num_cut:
@@ -465,11 +497,14 @@ __all__ = [
     "Span",
     "SpanAnnotator",
     "ARTICLES_PER_BATCH",
+    "LEFT_OUT_COUNTS",
     "BlockBuilder",
     "COLUMNS",
     "MAX_BLOCK_LENGTH",
     "PASSAGES_PER_BATCH",
     "annotator_names",
+    "articles_left_out",
+    "articles_left_out_note",
     "block_features",
     "datasets_progress_bars",
     "is_removed_page",

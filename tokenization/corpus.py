@@ -43,7 +43,14 @@ from collections.abc import Callable
 
 from openrealm.file_utils import atomic_directory, check_replaceable, full_disk_error, path_within
 from openrealm.tokenization.articles import load_articles, resolve_tokenizer, source_paths
-from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH, BlockBuilder, SpanAnnotator, annotator_names, pack_articles
+from openrealm.tokenization.blocks import (
+    MAX_BLOCK_LENGTH,
+    BlockBuilder,
+    SpanAnnotator,
+    annotator_names,
+    articles_left_out,
+    pack_articles,
+)
 from openrealm.tokenization.corpus_folder import (
     BLOCK_RECORDS_NAME,
     BLOCKS_DIR,
@@ -149,6 +156,7 @@ def build_corpus(
             blocks, num_cut = pack_articles(
                 articles, builder, scratch, num_proc=num_proc, batch_size=batch_size, progress=progress
             )
+            left_out = articles_left_out(articles, blocks, page_filter)
             # The articles' Arrow copy in the scratch folder (of a file input) is not read again: its memory and disk
             # go before blocks/ is written. A saved or Hub dataset's files are not in it.
             num_input_articles, copies = len(articles), [entry["filename"] for entry in articles.cache_files]
@@ -193,6 +201,7 @@ def build_corpus(
                 "passages_as_blocks": passages_as_blocks,
                 "document_ids": document_ids,
                 "num_passages_cut": num_cut,
+                **left_out,  # input articles that made no block: page-filtered, without text
                 "num_duplicate_blocks": 0 if deduplicate else num_duplicates,
                 "num_duplicates_dropped": num_duplicates if deduplicate else 0,
                 "source": builder.source_name,

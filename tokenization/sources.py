@@ -15,17 +15,27 @@ the build ends); a save_to_disk folder and a Hub dataset (in the Hugging Face ca
 are, with no copy of their rows. CSV/TSV cells are read as text: no column is guessed to be a number, and "NA",
 "null" or "" stay the strings they are (DPR's TSV holds such titles).
 
+Quoting (docs/corpus.md, "TSV quoting"): a TSV is read line by line by default, one row a line, cells split at every
+tab; a cell wholly in double quotes, as DPR's psgs_w100.tsv writes its texts (`"... ""Ahärôn"" ..."`), loses them
+(`""` inside reads `"`), and any other quote is text (`--tsv-quoting cell`). `--tsv-quoting none` keeps every
+cell as written; `--tsv-quoting csv` reads CSV's quoting, where a quoted cell may hold tabs and line breaks. A CSV
+is read with CSV's quoting, strictly (a quote closing a cell must end it).
+
 Each table is checked before any block is made: the title and text columns (and the id column when asked for) must
 be there (the error names the columns found) and hold strings, with no missing value (the error names the file and
 the 1-based row, header not counted). A CSV/TSV row must have as many cells as the header, and be UTF-8: pandas, which
-datasets reads CSV with, would fill a short row with empty strings and drop extra cells, so one pass of Python's csv
-module (the reader DPR's own code uses) checks every row first and names the file, row and line of a bad one.
+datasets reads CSV with, would fill a short row with empty strings and drop extra cells, so one pass over the file
+(its lines split at tabs, or Python's csv module for CSV quoting) checks every row first, names the file, row and
+line of a bad one, and counts the rows; the rows pandas then reads must be as many (a TSV read line by line: the
+file's lines after the header), so no row is lost without an error. Rows whose quoted cells span lines are said on
+stderr.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +45,9 @@ from pathlib import Path
 TITLE_COLUMN, TEXT_COLUMN, ID_COLUMN = "title", "text", "id"
 PASSAGE_ID = "passage_id"  # the name of the id column in the articles given to the block builder and in blocks/
 _COMPRESSIONS = ("", ".gz", ".bz2", ".xz")
+# --tsv-quoting (docs/corpus.md, "TSV quoting"): "cell" unquotes a cell wholly in double quotes, "none" keeps every
+# cell as written (both: one row a line), "csv" reads CSV's quoting (a quoted cell may hold tabs and line breaks).
+TSV_QUOTINGS = ("cell", "none", "csv")
 TABLE_SUFFIXES = {
     **{f".parquet{c}": "parquet" for c in ("",)},
     **{f".csv{c}": "csv" for c in _COMPRESSIONS},
@@ -49,18 +62,20 @@ class InputOptions:
     title_column, text_column: the columns (JSONL: fields) of the title and the text. id_column: of the passage ids,
     read for a corpus of passages only (--passages-as-blocks): None reads "id" where a source has it, a name requires
     it in every source. input_name, split: the configuration and split of a Hub dataset (`load_dataset(name,
-    input_name, split=split)`) or the split of a saved DatasetDict; without split, "train" or the only one."""
+    input_name, split=split)`) or the split of a saved DatasetDict; without split, "train" or the only one.
+    tsv_quoting: how a TSV's quotes are read, one of TSV_QUOTINGS (default "cell")."""
 
     title_column: str = TITLE_COLUMN
     text_column: str = TEXT_COLUMN
     id_column: str | None = None
     input_name: str | None = None
     split: str | None = None
+    tsv_quoting: str = "cell"
 
     @classmethod
     def from_args(cls, args) -> InputOptions:
         """The options of a command line's parsed arguments (those trainers/options.input_options adds)."""
-        return cls(args.title_column, args.text_column, args.id_column, args.input_name, args.split)
+        return cls(args.title_column, args.text_column, args.id_column, args.input_name, args.split, args.tsv_quoting)
 
     def columns(self, read_ids: bool, found: Sequence[str] | None = None) -> dict[str, str]:
         """{standard name: column} to read: title, text and, with read_ids, passage_id where there is one (the
@@ -179,11 +194,63 @@ def _load_folder(path: str, split: str | None):
             f"{path} is a folder but not one written by datasets' save_to_disk (give the files in it, or a glob): "
             f"{error}"
         ) from None
-    return _one_split(loaded, path, split, CORPUS_SPLITS)
+    except (ValueError, OSError) as error:  # a bare JSON or Arrow error: name the damaged file if one is
+        _check_saved_files(path)
+        raise error from None
+    dataset = _one_split(loaded, path, split, CORPUS_SPLITS)
+    for cache_file in dataset.cache_files:
+        _check_arrow_end(cache_file["filename"], path)
+    return dataset
 
 
-def _read_table_file(path: str, kind: str, columns: list[str], cache_dir: str):
-    """One Parquet or CSV/TSV file as a Dataset of `columns` (all read as strings from CSV), via load_dataset."""
+# The end-of-stream marker closing every Arrow stream file that datasets writes (continuation, then length 0)
+_ARROW_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _check_arrow_end(file: str, folder: str) -> None:
+    """Refuse an Arrow stream file of a save_to_disk folder that lacks its end-of-stream marker: cut short between
+    two record batches, it still reads, without the rows after the cut (pyarrow does not require the marker)."""
+    with open(file, "rb") as f:
+        f.seek(max(0, os.path.getsize(file) - len(_ARROW_STREAM_END)))
+        end = f.read()
+    if end != _ARROW_STREAM_END:
+        raise ValueError(
+            f"{file}: not a whole Arrow file (cut short: no end-of-stream marker, so rows would be lost); {folder} "
+            "is a save_to_disk folder that does not read"
+        )
+
+
+def _check_saved_files(path: str) -> None:
+    """A ValueError naming the first file of a save_to_disk folder (its JSON files, and its Arrow files, in it and in
+    the split folders of a DatasetDict) that does not read: JSON that does not parse, an Arrow file cut short or
+    damaged. Nothing when every file reads (the error was something else, e.g. the disk)."""
+    import json
+
+    import pyarrow as pa
+
+    files = sorted(Path(path).glob("*.json")) + sorted(Path(path).glob("*/*.json"))
+    files += sorted(Path(path).glob("*.arrow")) + sorted(Path(path).glob("*/*.arrow"))
+    for file in files:
+        try:
+            if file.suffix == ".json":
+                with open(file, encoding="utf-8") as f:
+                    json.load(f)
+            else:
+                with pa.memory_map(str(file)) as source:
+                    pa.ipc.open_stream(source).read_all()
+        except (ValueError, OSError) as error:  # JSONDecodeError, UnicodeDecodeError, ArrowInvalid, a short read
+            kind = "JSON" if file.suffix == ".json" else "a whole Arrow file (cut short or damaged?)"
+            raise ValueError(
+                f"{file}: not {kind}: {error}; {path} is a save_to_disk folder that does not read"
+            ) from None
+
+
+def _read_table_file(path: str, kind: str, columns: list[str], cache_dir: str, quoting: str = "cell"):
+    """One Parquet or CSV/TSV file as a Dataset of `columns` (all read as strings from CSV), via load_dataset; a TSV
+    read as `quoting` says (TSV_QUOTINGS: "cell" and "none" split lines at every tab, quotes are text)."""
+    import csv
+    import warnings
+
     from datasets import Features, Value, load_dataset
 
     if kind == "parquet":
@@ -195,11 +262,19 @@ def _read_table_file(path: str, kind: str, columns: list[str], cache_dir: str):
             "features": Features({column: Value("string") for column in columns}),
             "keep_default_na": False,  # a title "NA" or "null" is text, not a missing value
             "na_filter": False,
+            "skip_blank_lines": False,  # refused by check_csv_rows; never dropped
         }
+        if kind == "tsv" and quoting != "csv":
+            kwargs["quoting"] = csv.QUOTE_NONE
+            if quoting == "cell":
+                kwargs["converters"] = {column: unquote_cell for column in columns}
     try:
-        return load_dataset(
-            kind if kind == "parquet" else "csv", data_files=[path], split="train", cache_dir=cache_dir, **kwargs
-        )
+        with warnings.catch_warnings():
+            # pandas says that the converters replace the dtype (str) the features ask for: they return str
+            warnings.filterwarnings("ignore", message="Both a converter and dtype were specified")
+            return load_dataset(
+                kind if kind == "parquet" else "csv", data_files=[path], split="train", cache_dir=cache_dir, **kwargs
+            )
     except Exception as error:  # noqa: BLE001 - datasets wraps pandas' / pyarrow's error: report that one
         cause = error
         while cause.__cause__ is not None or cause.__context__ is not None:
@@ -209,39 +284,110 @@ def _read_table_file(path: str, kind: str, columns: list[str], cache_dir: str):
         raise ValueError(f"{path}: cannot read it as {kind.upper()}: {type(cause).__name__}: {cause}") from None
 
 
+def unquote_cell(cell: str) -> str:
+    """A TSV cell wholly in double quotes without them, `""` inside read as `"` (DPR's psgs_w100.tsv quotes its
+    texts so, as Python's csv module writes); any other cell, a lone or unpaired quote included, as it is."""
+    if len(cell) < 2 or cell[0] != '"' or cell[-1] != '"':
+        return cell
+    inner = cell[1:-1]
+    if '"' not in inner:
+        return inner
+    return cell if '"' in inner.replace('""', "") else inner.replace('""', '"')  # quotes inside: doubled, or text
+
+
 def _open_text(path: str):
-    """A text stream of a CSV/TSV file, decompressed by its suffix (.gz, .bz2, .xz), strict UTF-8."""
+    """A text stream of a CSV/TSV file, decompressed by its suffix (.gz, .bz2, .xz), strict UTF-8 (a byte order mark
+    skipped, as pandas skips it)."""
     import bz2
     import gzip
     import lzma
 
     opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(Path(path).suffix.lower(), open)
-    return opener(path, "rt", encoding="utf-8", newline="")
+    return opener(path, "rt", encoding="utf-8-sig", newline="")
 
 
-def check_csv_rows(path: str, kind: str) -> None:
-    """Every row of a CSV/TSV file has the header's number of cells and is UTF-8 text; a ValueError naming the file,
-    the 1-based row (header not counted) and its line otherwise. One streaming pass, constant memory."""
+def _table_rows(f, path: str, kind: str, quoting: str):
+    """(cells, first line, last line) of every row of an open CSV/TSV file, header first (lines 1-based). A TSV
+    read with quoting "cell" or "none" has one row a line, split at every tab; else Python's csv module reads CSV's
+    quoting strictly, and a quoted cell may span lines."""
     import csv
 
+    if kind == "tsv" and quoting != "csv":
+        for number, line in enumerate(f, start=1):
+            line = line.removesuffix("\n").removesuffix("\r")
+            yield (line.split("\t") if line else []), number, number
+        return
     csv.field_size_limit(2**31 - 1)  # a passage may exceed the module's default 128 KiB per cell
-    with _open_text(path) as f:
-        reader = csv.reader(f, delimiter="\t" if kind == "tsv" else ",")
+    reader = csv.reader(f, delimiter="\t" if kind == "tsv" else ",", strict=True)
+    last = 0
+    while True:
         try:
-            header = next(reader, None)
-            for row_number, row in enumerate(reader, start=1):
-                if len(row) != len(header):
-                    raise ValueError(
-                        f"{path}, row {row_number} (line {reader.line_num}): {len(row)} cell(s), but the header has "
-                        f"{len(header)} ({', '.join(header)})"
-                    )
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{path}: not UTF-8 text after line {reader.line_num} ({error.reason})") from None
+            row = next(reader)
+        except StopIteration:
+            return
         except csv.Error as error:
-            raise ValueError(f"{path}, line {reader.line_num}: {error}") from None
+            began = f" (the row began on line {last + 1})" if reader.line_num > last + 1 else ""
+            raise ValueError(
+                f"{path}, line {reader.line_num}: {error}{began}; in CSV quoting a cell in double quotes ends at its "
+                'next lone quote (a quote inside is written "")'
+            ) from None
+        yield row, last + 1, reader.line_num
+        last = reader.line_num
 
 
-def _columns_of(path: str, kind: str) -> dict[str, str]:
+def _csv_header(path: str, kind: str, quoting: str) -> list[str]:
+    """The header's cells of a CSV/TSV file, read as its rows are (_table_rows); a ValueError for an empty file."""
+    try:
+        with _open_text(path) as f:
+            header = next(_table_rows(f, path, kind, quoting), None)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text in line 1 ({error.reason})") from None
+    if header is None or not header[0]:
+        raise ValueError(f"{path}: no header line (the first line names the columns)")
+    return header[0]
+
+
+def check_csv_rows(path: str, kind: str, quoting: str = "cell", read: Sequence[str] = ()) -> int:
+    """Every row of a CSV/TSV file has the header's number of cells and is UTF-8 text; a ValueError naming the file,
+    the 1-based row (header not counted) and its line otherwise, or when the header names a column of `read` (those
+    to be read) twice. -> the number of rows after the header, which the reader must give (a TSV read line by line:
+    the file's lines after the header). One streaming pass, constant memory; the rows whose quoted cells span lines
+    are said on stderr, the first named."""
+    spanning, first, line, row_number = 0, "", 0, 0
+    with _open_text(path) as f:
+        rows = _table_rows(f, path, kind, quoting)
+        try:
+            header, _, line = next(rows, ([], 0, 0))
+            twice = [name for name in read if header.count(name) > 1]
+            if twice:
+                raise ValueError(
+                    f"{path}: the header names the column {twice[0]!r} {header.count(twice[0])} times "
+                    f"({', '.join(header)}), so which to read is unclear: rename the others"
+                )
+            for row_number, (row, first_line, line) in enumerate(rows, start=1):
+                if len(row) != len(header):
+                    hint = ""
+                    if kind == "tsv" and quoting != "csv" and '"' in "".join(row):
+                        hint = "; if its quoted cells hold tabs or line breaks, read it with --tsv-quoting csv"
+                    raise ValueError(
+                        f"{path}, row {row_number} (line {first_line}): {len(row)} cell(s), but the header has "
+                        f"{len(header)} ({', '.join(header)}){hint}"
+                    )
+                if line > first_line:
+                    spanning += 1
+                    first = first or f"row {row_number}, lines {first_line}-{line}"
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not UTF-8 text after line {line} ({error.reason})") from None
+    if spanning:
+        print(
+            f"{path}: {row_number} row(s) from {line - 1} line(s) after the header: quoted cells of {spanning} row(s) "
+            f"span lines (the first: {first})",
+            file=sys.stderr,
+        )
+    return row_number
+
+
+def _columns_of(path: str, kind: str, quoting: str = "cell") -> dict[str, str]:
     """{column: Arrow type name} of a Parquet file's schema or a CSV/TSV file's header (every CSV column: string)."""
     if kind == "parquet":
         import pyarrow.parquet as pq
@@ -251,13 +397,7 @@ def _columns_of(path: str, kind: str) -> dict[str, str]:
         except Exception as error:  # noqa: BLE001 - pyarrow raises ArrowInvalid and others for a damaged file
             raise ValueError(f"{path} is not a readable Parquet file: {error}") from None
         return {field.name: str(field.type) for field in schema}
-    import pandas as pd
-
-    try:
-        header = pd.read_csv(path, sep="\t" if kind == "tsv" else ",", nrows=0, encoding="utf-8")
-    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
-        raise ValueError(f"{path}: cannot read a {kind.upper()} header: {error}") from None
-    return {str(column): "string" for column in header.columns}
+    return {column: "string" for column in _csv_header(path, kind, quoting)}
 
 
 _STRING_TYPES = ("string", "large_string")
@@ -384,14 +524,19 @@ def load_table_articles(
             where = f"Hub dataset {path!r}"
             found = _feature_types(dataset)
         else:
-            found, where = _columns_of(path, kind), path
+            found, where = _columns_of(path, kind, options.tsv_quoting), path
         _check_columns(found, where, wanted, id_required)
         columns = options.columns(read_ids, found)
         names = list(dict.fromkeys(columns.values()))
         if kind in ("csv", "tsv"):
-            check_csv_rows(path, kind)
+            rows = check_csv_rows(path, kind, options.tsv_quoting, names)
         if kind not in ("folder", "hub"):
-            dataset = _read_table_file(path, kind, names, cache_dir)
+            dataset = _read_table_file(path, kind, names, cache_dir, options.tsv_quoting)
+        if kind in ("csv", "tsv") and len(dataset) != rows:
+            raise ValueError(
+                f"{path}: the {kind.upper()} reader gave {len(dataset)} row(s), but the file holds {rows} after its "
+                "header: rows would be lost"
+            )
         dataset = standard_columns(dataset, columns, read_ids)
         _check_no_missing(dataset.data, where, columns)
         parts.append(dataset)
@@ -409,6 +554,7 @@ __all__ = [
     "PASSAGE_ID",
     "TEXT_COLUMN",
     "TITLE_COLUMN",
+    "TSV_QUOTINGS",
     "expand_inputs",
     "input_kind",
     "is_hub_name",
@@ -416,4 +562,5 @@ __all__ = [
     "load_table_articles",
     "standard_columns",
     "table_suffix",
+    "unquote_cell",
 ]

@@ -20,6 +20,11 @@ from openrealm.file_utils import atomic_directory
 from .tokenization_realm import RealmTokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# what train_wordpiece_vocab writes (vocab.txt and RealmTokenizer.save_pretrained's files): all a vocabulary folder
+# may hold for `openrealm world --tokenizer-output DIR --overwrite` to replace it
+VOCAB_FILES = frozenset(
+    {"vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenization_realm.py"}
+)
 
 
 def train_wordpiece_vocab(
@@ -35,19 +40,43 @@ def train_wordpiece_vocab(
     `output_dir` receives vocab.txt (one token per line, line number = id) and the tokenizer files of
     `RealmTokenizer.save_pretrained`, atomically (a sibling temporary folder, then a rename). Every character of the
     texts is in the vocabulary, so no text it was trained on tokenizes to [UNK]. Returns the tokenizer loaded from
-    `output_dir`.
+    `output_dir`. An existing `output_dir` is replaced only with overwrite, and only when it is a vocabulary this
+    function wrote, holding nothing else (vocab_folder_problem).
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
     vocab = _train(texts, vocab_size, min_frequency)
-    with atomic_directory(output_dir, overwrite) as staging:
+    with atomic_directory(output_dir, overwrite, vocab_folder_problem) as staging:
         with open(os.path.join(staging, "vocab.txt"), "w", encoding="utf-8") as handle:
             handle.writelines(token + "\n" for token in sorted(vocab, key=vocab.__getitem__))
         tokenizer = RealmTokenizer(vocab=vocab, do_lower_case=True, model_max_length=model_max_length)
         tokenizer.save_pretrained(staging)
     return RealmTokenizer.from_pretrained(output_dir)
+
+
+def vocab_folder_problem(folder: str) -> str | None:
+    """Why replacing the non-empty `folder` would delete something train_wordpiece_vocab did not write, or None: a
+    folder whose vocab.txt does not start with SPECIAL_TOKENS, ids 0-4 (BERT's own puts [PAD] at 0 and the others at
+    100-103; a folder without one: a model's weights, notes), or a vocabulary folder holding other files (a model's
+    config.json and weights beside its tokenizer)."""
+    if not os.path.isdir(folder):
+        return "it exists and is not a folder"
+    try:
+        with open(os.path.join(folder, "vocab.txt"), encoding="utf-8") as f:
+            first = tuple(f.readline().rstrip("\n") for _ in SPECIAL_TOKENS)
+    except (OSError, UnicodeDecodeError):
+        first = ()
+    if first != SPECIAL_TOKENS:
+        return (
+            f"it is not a vocabulary `openrealm world` trained (no vocab.txt starting {' '.join(SPECIAL_TOKENS)}); "
+            "remove it yourself or choose another folder"
+        )
+    foreign = sorted(set(os.listdir(folder)) - VOCAB_FILES)
+    if foreign:
+        return f"it holds files that a vocabulary does not ({', '.join(foreign)}); move them out first"
+    return None
 
 
 def _train(texts: Iterable[str], vocab_size: int, min_frequency: int) -> dict[str, int]:
@@ -97,4 +126,4 @@ def _checked(texts: Iterable[str]) -> Iterator[str]:
         yield text
 
 
-__all__ = ["SPECIAL_TOKENS", "train_wordpiece_vocab"]
+__all__ = ["SPECIAL_TOKENS", "VOCAB_FILES", "train_wordpiece_vocab", "vocab_folder_problem"]

@@ -167,6 +167,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="update DESTINATION, a folder convert wrote (or an empty one): its model files are replaced, other "
         "entries (README.md, .git, checkpoints) kept",
     )
+    options = importlib.import_module("openrealm.trainers.options")
+    options.output_options(convert)
     convert.set_defaults(handler=run_convert)
 
     ask = commands.add_parser("ask", help="answer questions with a REALM open-QA model")
@@ -175,7 +177,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ask.add_argument("--top-k", type=int, default=1, help="answers per question")
     ask.add_argument("--num-blocks", type=int, default=None, help="blocks read per question (default: config)")
     ask.add_argument("--json", action="store_true", help="print JSON lines instead of text")
-    importlib.import_module("openrealm.trainers.options").user_corpus_options(ask)
+    options.user_corpus_options(ask)
+    options.output_options(ask)
     ask.set_defaults(handler=functools.partial(run_job, "openrealm.trainers.jobs.ask"))
 
     add_jobs(commands, selected_job(sys.argv[1:] if argv is None else argv))

@@ -25,7 +25,14 @@ from openrealm import RealmRetriever
 from openrealm.file_utils import atomic_directory, link_or_copy, write_text_atomic, writer_lock
 from openrealm.retrieval_realm import BLOCK_INDEX_DIR, BLOCK_RECORDS_NAME
 from openrealm.tokenization.articles import load_articles
-from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH, BlockBuilder, annotator_names, pack_articles
+from openrealm.tokenization.blocks import (
+    LEFT_OUT_COUNTS,
+    MAX_BLOCK_LENGTH,
+    BlockBuilder,
+    annotator_names,
+    articles_left_out,
+    pack_articles,
+)
 from openrealm.tokenization.corpus_folder import (
     BLOCKS_DIR,
     CONFIG_NAME,
@@ -84,8 +91,8 @@ def edit_corpus(
     files or globs, a save_to_disk folder, a Hub dataset id, or a datasets.Dataset with "title", "text"; how to read
     it: input_options, tokenization.sources.InputOptions) added as new blocks, and the blocks of `remove_titles` /
     `remove_ids` removed; with `replace`, the live blocks of the added articles' titles are removed first (an
-    update). Returns a summary: version, added_block_ids [first, stop), removed_block_ids, num_blocks, num_searchable,
-    needs_rebuild.
+    update). Returns a summary: version, added_block_ids [first, stop), removed_block_ids, num_blocks, num_live (a
+    corpus folder's blocks not removed), num_searchable, needs_rebuild.
 
     embedder: for an index without an embedder snapshot (a RealmEmbedder or a checkpoint for towers.load_embedder);
     span_annotator: salient spans of the new blocks in a corpus folder (as corpus build's).
@@ -146,7 +153,8 @@ def edit_corpus(
             )
             first_article = (config or {}).get("num_input_articles", 0)
             new_blocks, num_cut = pack_articles(articles, builder, scratch, num_proc=num_proc, first_id=first_article)
-            summary.update(num_passages_cut=num_cut, max_block_length=builder.max_block_length)
+            left_out = articles_left_out(articles, new_blocks, builder.page_filter)
+            summary.update(num_passages_cut=num_cut, max_block_length=builder.max_block_length, **left_out)
             # A live block of an added title is refused (add) or removed first (update), so only the added articles
             # can repeat a block (a duplicate has the title of the block it copies).
             if deduplicate is None:
@@ -198,8 +206,10 @@ def edit_corpus(
                 span_annotator,
                 num_dropped,
                 summary.get("num_passages_cut", 0),
+                {name: summary[name] for name in LEFT_OUT_COUNTS if name in summary},
             )
             summary["num_duplicate_blocks"] = written["num_duplicate_blocks"]
+            summary["num_live"] = written["num_blocks"] - len(removed)  # what an index of the corpus would search
         if new_blocks is not None:
             del new_blocks
             shutil.rmtree(os.path.join(staging, ".scratch"), ignore_errors=True)
@@ -252,11 +262,12 @@ def _block_embedder(index, embedder, folder: str) -> torch.nn.Module:
 
 
 def _write_corpus_files(
-    folder, staging, config, new_blocks, num_input, removed, span_annotator, num_dropped, num_cut=0
+    folder, staging, config, new_blocks, num_input, removed, span_annotator, num_dropped, num_cut=0, left_out=None
 ) -> dict:
     """blocks/ (the old Arrow files hard-linked, the new blocks in one more file), removed ids, corpus_config.json.
     num_input: the articles read for new_blocks, page-filtered ones included; num_dropped: duplicate blocks of theirs
-    left out; num_cut: passages of theirs cut to fit a block. Returns the config written."""
+    left out; num_cut: passages of theirs cut to fit a block; left_out: those that made no block, by cause
+    (blocks.articles_left_out), added to the config's counts. Returns the config written."""
     old_dir, new_dir = Path(folder) / BLOCKS_DIR, Path(staging) / BLOCKS_DIR
     state = json.loads((old_dir / "state.json").read_text())
     new_dir.mkdir()
@@ -286,6 +297,8 @@ def _write_corpus_files(
         config["num_duplicates_dropped"] = config.get("num_duplicates_dropped", 0) + num_dropped
     if num_cut:
         config["num_passages_cut"] = config.get("num_passages_cut", 0) + num_cut
+    for name, count in (left_out or {}).items():
+        config[name] = config.get(name, 0) + count
     if new_blocks is not None:
         # every input row took an article id, also those the page filter dropped: the next add starts after them
         config["num_input_articles"] = config.get("num_input_articles", 0) + num_input

@@ -470,7 +470,7 @@ def save_finetuned(model: RealmForOpenQA, output_dir: Path, summary: dict, dev_r
     """The Hub-ready RealmForOpenQA folder, its model card, the summary JSON and the dev results, replacing the old
     ones all at once (file_utils.atomic_directory): a save that fails part-way leaves the previous folder whole, and
     an earlier save's card, summary or dev results never stay beside new weights. Other entries are kept."""
-    from openrealm.hub_cards.model_card import openqa_model_card
+    from openrealm.hub_cards.model_card import card_text, openqa_model_card
 
     output_dir = Path(output_dir).absolute()
     written_here = ("README.md", SUMMARY_NAME, DEV_RESULTS_NAME)
@@ -487,7 +487,7 @@ def save_finetuned(model: RealmForOpenQA, output_dir: Path, summary: dict, dev_r
         card = openqa_model_card(
             evaluations, model_name=output_dir.name, training_summary=summary, num_blocks=summary["num_blocks"]
         )
-        (staging / "README.md").write_text(str(card), encoding="utf-8")
+        (staging / "README.md").write_text(card_text(card), encoding="utf-8")
         (staging / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 

@@ -38,6 +38,7 @@ DEFAULT_RECALL_KS = (1, 5, 10, 20)
 # corpus build, index build
 MAX_BLOCK_LENGTH = 288  # wordpieces per block (Google) = tokenization.corpus.MAX_BLOCK_LENGTH
 INDEX_TYPES = ("exact", "flat", "ivf", "hnsw", "ivfpq", "pq")  # = modeling_realm.index_realm.INDEX_TYPES
+TSV_QUOTINGS = ("cell", "none", "csv")  # corpus build / add / update --tsv-quoting = tokenization.sources.TSV_QUOTINGS
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # autocast dtypes of index build (torch.<name>)
 # train ict, pretrain, openqa: examples dropped (trainers/dropped.py)
 WARN_DROPPED_SHARE = 0.5  # the summary line warns when more than half of the examples gave no training signal
@@ -131,7 +132,9 @@ def world(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tokenizer-output", default=None, help="also train a WordPiece vocabulary into this folder")
     parser.add_argument("--vocab-size", type=int, default=4000, help="WordPiece vocabulary size (default 4000)")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing output folders")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a world and a vocabulary written earlier by this command"
+    )
     output_options(parser)
 
 
@@ -188,6 +191,15 @@ def input_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-name", default=None, help="configuration of a Hub dataset (e.g. 20231101.en)")
     parser.add_argument(
         "--split", default=None, help="split of a Hub dataset or save_to_disk folder (default: train, or the only one)"
+    )
+    parser.add_argument(
+        "--tsv-quoting",
+        choices=TSV_QUOTINGS,
+        default="cell",
+        help="how a TSV's double quotes are read (docs/corpus.md, TSV quoting): cell (the default) reads one row a "
+        'line, split at every tab, and a cell wholly in quotes loses them ("" inside: "), as DPR\'s psgs_w100.tsv is '
+        "written; none keeps every cell as written; csv reads CSV's quoting, where a quoted cell may hold tabs and "
+        "line breaks",
     )
 
 
@@ -705,6 +717,14 @@ def push(parser: argparse.ArgumentParser) -> None:
         "--with-demo",
         action="store_true",
         help="also add a Space-ready Gradio app (app.py, openrealm_demo.py, requirements.txt) to the folder",
+    )
+    parser.add_argument(
+        "--readme",
+        choices=("keep", "replace"),
+        default=None,
+        help="a README.md in the folder that openrealm did not write (or that was edited since) is refused, since "
+        "the Hub shows it as the model card: keep uploads it as it is (no card, so no results in its metadata), "
+        "replace writes openrealm's card over it",
     )
     output_options(parser)
 

@@ -154,6 +154,15 @@ def leave_process_group(state: PartialState) -> None:
     state.destroy_process_group()
 
 
+def refuse(state: PartialState, message: str) -> int:
+    """End a run that every process found it cannot do: the processes leave their group, then the main one raises
+    ValueError(message) (the CLI prints `openrealm: error: MESSAGE` and exits 2) and the others return 2."""
+    leave_process_group(state)
+    if state.is_main_process:
+        raise ValueError(message)
+    return 2
+
+
 def rank_and_world() -> tuple[int, int]:
     """(rank, world size) of the torch.distributed job, (0, 1) outside one."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -201,5 +210,6 @@ __all__ = [
     "parse_config_overrides",
     "prepare_output",
     "rank_and_world",
+    "refuse",
     "unwrap_model",
 ]

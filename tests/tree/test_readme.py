@@ -1,4 +1,5 @@
-"""The README's two commands stay true: CI runs exactly the README's test command."""
+"""The README's two commands stay true: CI runs exactly the README's test command; its safety claim is
+docs/guarantees.md's."""
 
 import re
 from pathlib import Path
@@ -30,3 +31,12 @@ def test_readme_main_command_uses_only_existing_cli_subcommands():
     subcommands = set(build_parser()._subparsers._group_actions[0].choices)
     used = set(re.findall(r"\.venv/bin/openrealm (\w+)", readme_commands()[0]))
     assert used and used <= subcommands
+
+
+def test_readme_says_what_docs_guarantees_says_of_pickles():
+    readme = (ROOT / "README.md").read_text()
+    guarantees = (ROOT / "docs" / "guarantees.md").read_text()
+    assert "never unpickles" not in readme and "Nothing is unpickled" not in guarantees  # 4.x pickles are read
+    assert "restricted readers that execute nothing" in " ".join(readme.split())
+    assert '[docs/guarantees.md](docs/guarantees.md), "Untrusted files"' in readme
+    assert "- **Untrusted files.** No file runs code" in guarantees

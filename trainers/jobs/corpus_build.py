@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from openrealm.tokenization.blocks import passages_cut_note
+from openrealm.tokenization.blocks import articles_left_out_note, passages_cut_note
 from openrealm.tokenization.corpus import build_corpus
 from openrealm.tokenization.corpus_folder import read_corpus_config
 from openrealm.tokenization.duplicates import duplicates_note, duplicates_warning
@@ -43,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
     )
     config = read_corpus_config(args.output)
     rows = "passages" if args.passages_as_blocks else "articles"
+    used, given = config["num_articles"], config["num_input_articles"]
     print(
-        f"Wrote {len(blocks)} blocks from {config['num_articles']} {rows} to {os.path.abspath(args.output)}"
+        f"Wrote {len(blocks)} blocks from {used}{f' of {given}' if used != given else ''} {rows} to "
+        f"{os.path.abspath(args.output)}"
+        + articles_left_out_note(config["num_pages_filtered"], config["num_articles_without_text"], rows[:-1])
         + duplicates_note(config["num_duplicates_dropped"])
         + passages_cut_note(config.get("num_passages_cut", 0), config["max_block_length"])
     )

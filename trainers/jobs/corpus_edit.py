@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH, passages_cut_note
+from openrealm.tokenization.blocks import MAX_BLOCK_LENGTH, articles_left_out_note, passages_cut_note
 from openrealm.tokenization.duplicates import duplicates_note, duplicates_warning
 from openrealm.tokenization.sources import InputOptions
 from openrealm.trainers.living_corpus import edit_corpus
@@ -52,16 +52,17 @@ def run(args: argparse.Namespace) -> int:
         + (
             f", {summary['num_searchable']} searchable (index version {summary['index_version']})"
             if summary["index_version"] is not None
-            else " (no index yet)"
+            else (f", {summary['num_live']} not removed" if summary["num_live"] != summary["num_blocks"] else "")
+            + " (no index yet)"
         )
+        + articles_left_out_note(summary.get("num_pages_filtered", 0), summary.get("num_articles_without_text", 0))
         + duplicates_note(summary.get("num_duplicates", 0) if summary.get("duplicates_dropped") else 0)
         + passages_cut_note(summary.get("num_passages_cut", 0), summary.get("max_block_length", MAX_BLOCK_LENGTH))
     )
     if summary.get("num_duplicates") and not summary["duplicates_dropped"]:  # kept: --no-deduplicate
         held = summary.get("num_duplicate_blocks", summary["num_duplicates"])  # a corpus folder's count: all live
-        print(
-            f"openrealm corpus {command}: warning: {duplicates_warning(held, summary['num_blocks'])}", file=sys.stderr
-        )
+        live = summary.get("num_live", summary["num_searchable"] or summary["num_blocks"])  # not those removed
+        print(f"openrealm corpus {command}: warning: {duplicates_warning(held, live)}", file=sys.stderr)
     if summary["needs_rebuild"]:
         print(
             f"openrealm corpus {command}: warning: the approximate index changed by {summary['drift']:.0%} since it "

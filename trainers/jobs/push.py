@@ -60,8 +60,11 @@ def push_folder(args: argparse.Namespace, folder: str | os.PathLike) -> int:
         datasets=args.datasets,
         private=args.private,
         with_demo=args.with_demo,
+        readme=args.readme,
     )
-    print(f"Pushed {args.model} to {args.repo_id}: {url}")
+    kept = args.readme == "keep" and (Path(folder) / "README.md").exists()
+    kept = " (with the folder's own README.md, not openrealm's card)" if kept else ""
+    print(f"Pushed {args.model} to {args.repo_id}{kept}: {url}")
     return 0
 
 

@@ -29,6 +29,7 @@ from openrealm.trainers.stage_utils import (
     leave_process_group,
     parse_config_overrides,
     prepare_output,
+    refuse,
 )
 from openrealm.trainers.towers import check_tokenizer, fit_length, load_embedder, save_tower
 
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     trainer = build_trainer(args, embedder, tokenizer, blocks)
     resume = resolve_resume(args.resume_from_checkpoint, args.output)
     result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    if result.training_loss == 0.0:  # the same on every process (Trainer averages the logged loss over them)
+        return refuse(trainer.accelerator.state, trained_nothing(args, blocks, trainer.state.global_step))
     if trainer.is_world_process_zero():
         summary = training_summary(args, trainer, result.training_loss)
         embedder = trainer.accelerator.unwrap_model(trainer.model).embedder
@@ -85,6 +88,21 @@ def run(args: argparse.Namespace) -> int:
             tokenizer.push_to_hub(args.push_to_hub)
     leave_process_group(trainer.accelerator.state)  # Trainer logs through callbacks: no accelerate trackers
     return 0
+
+
+def trained_nothing(args: argparse.Namespace, blocks, steps: int) -> str:
+    """Why a run whose loss was exactly 0 at every step trained nothing, and how to fix it. The in-batch softmax loss
+    of a query scored against another block is never exactly 0: every query of the run was dropped, or had no other
+    block left in its global batch, whatever share the corpus drops on average."""
+    num_blocks, dropped, _ = expected_dropped(blocks, args.mask_rate)
+    share = sum(dropped.values()) / num_blocks
+    return (
+        f"train ict trained nothing: its loss was exactly 0 at each of its {steps} step(s), as no query had another "
+        f"block of its batch to be scored against. About {sum(dropped.values()):,} of the {num_blocks:,} examples an "
+        f"epoch ({share:.0%}) are dropped (a block of one sentence loses it with probability --mask-rate "
+        f"{args.mask_rate:g}), and a dropped example leaves the loss, as query and as block. Use articles of several "
+        "sentences per block, a lower --mask-rate or a larger --batch-size. No model was saved."
+    )
 
 
 __all__ = ["run"]

@@ -83,6 +83,7 @@ from openrealm.trainers.stage_utils import (
     leave_process_group,
     parse_config_overrides,
     prepare_output,
+    refuse,
 )
 from openrealm.trainers.towers import (
     load_embedder,
@@ -105,15 +106,6 @@ PREFLIGHT_ENTRIES = ("preflight.json", "preflight")
 # ---------------------------------------------------------------------------------------------------------------------
 # The job
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def refuse(state, message: str) -> int:
-    """End a run that every process found it cannot do: the processes leave their group, then the main one raises
-    ValueError(message) (the CLI prints `openrealm: error: MESSAGE` and exits 2) and the others return 2."""
-    leave_process_group(state)
-    if state.is_main_process:
-        raise ValueError(message)
-    return 2
 
 
 def build_trainer(

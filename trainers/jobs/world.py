@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import argparse
 
-from openrealm.file_utils import check_apart
-from openrealm.trainers.world.synthetic_world import generate_world
+from openrealm.file_utils import check_apart, check_replaceable
+from openrealm.tokenization.vocab import vocab_folder_problem
+from openrealm.trainers.world.synthetic_world import generate_world, world_folder_problem
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tokenizer_output:  # before anything is written: the vocabulary must not replace or land in the world
+    # before anything is written: the vocabulary must not replace or land in the world, and --overwrite replaces only
+    # folders this command wrote (a world, a vocabulary), never a corpus, a model or notes
+    check_replaceable(args.output, args.overwrite, world_folder_problem)
+    if args.tokenizer_output:
         check_apart(args.tokenizer_output, [("--output", args.output)], "--tokenizer-output", existing_only=False)
+        check_replaceable(args.tokenizer_output, args.overwrite, vocab_folder_problem)
     world = generate_world(
         seed=args.seed,
         num_people=args.num_people,
@@ -23,18 +28,20 @@ def run(args: argparse.Namespace) -> int:
         questions_per_fact=args.questions_per_fact,
         mentions_per_person=args.mentions_per_person,
     )
+    tokenizer = None
+    if args.tokenizer_output:  # first: its refusals (a vocab_size too small for the texts) come before any write
+        from openrealm.tokenization.vocab import train_wordpiece_vocab
+
+        tokenizer = train_wordpiece_vocab(
+            world.texts(), args.tokenizer_output, vocab_size=args.vocab_size, overwrite=args.overwrite
+        )
     path = world.write(args.output, overwrite=args.overwrite)
     config = world.config
     print(
         f"{path}: {config['num_entities']} entities, {config['num_facts']} facts, {config['num_articles']} articles, "
         f"{config['num_sentences']} sentences, questions {config['num_questions']}"
     )
-    if args.tokenizer_output:
-        from openrealm.tokenization.vocab import train_wordpiece_vocab
-
-        tokenizer = train_wordpiece_vocab(
-            world.texts(), args.tokenizer_output, vocab_size=args.vocab_size, overwrite=args.overwrite
-        )
+    if tokenizer is not None:
         print(f"{args.tokenizer_output}: WordPiece vocabulary of {len(tokenizer)} tokens")
     return 0
 

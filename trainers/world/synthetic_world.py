@@ -37,6 +37,11 @@ from openrealm.tokenization.jsonl import read_jsonl, write_jsonl
 FORMAT = "openrealm.synthetic_world"
 FORMAT_VERSION = 1
 SPLITS = ("train", "dev", "test")
+WORLD_CONFIG_NAME = "world_config.json"
+# what World.write writes: all a world folder may hold for `openrealm world --overwrite` to replace it
+WORLD_FILES = frozenset(
+    {"articles.jsonl", "facts.jsonl", "entities.jsonl", WORLD_CONFIG_NAME, *(f"questions_{s}.jsonl" for s in SPLITS)}
+)
 KINDS = ("person", "organization", "city", "river", "mountain", "region")
 # CoNLL-style labels (what an NER annotator would call them), plus DATE for the date regex.
 LABELS = {"person": "PER", "organization": "ORG", "city": "LOC", "river": "LOC", "mountain": "LOC", "region": "LOC"}
@@ -228,6 +233,19 @@ class WorldSpanAnnotator:
         return [(m.start(), m.end(), self.labels_by_name.get(m.group(), "DATE")) for m in self.pattern.finditer(text)]
 
 
+def world_folder_problem(folder: str) -> str | None:
+    """Why replacing the non-empty `folder` would delete something World.write did not write, or None: a folder
+    without world_config.json (a corpus, a model, notes), or a world folder holding other files."""
+    if not os.path.isdir(folder):
+        return "it exists and is not a folder"
+    if not os.path.isfile(os.path.join(folder, WORLD_CONFIG_NAME)):
+        return f"it is not a synthetic world (no {WORLD_CONFIG_NAME}); remove it yourself or choose another folder"
+    foreign = sorted(set(os.listdir(folder)) - WORLD_FILES)
+    if foreign:
+        return f"it holds files that `openrealm world` did not write ({', '.join(foreign)}); move them out first"
+    return None
+
+
 @dataclass
 class World:
     """A generated world. All records are plain JSON-ready dicts.
@@ -289,9 +307,10 @@ class World:
 
         Files: articles.jsonl ({"title", "text"} plus the other article fields), questions_{train,dev,test}.jsonl
         (ORQA's {"question", "answers"} plus split, entity, fact, relation), facts.jsonl, entities.jsonl,
-        world_config.json. Same world, same bytes.
+        world_config.json. Same world, same bytes. An existing output_dir is replaced only with overwrite, and only
+        when it is a world folder holding nothing else (world_folder_problem).
         """
-        with atomic_directory(output_dir, overwrite) as staging:
+        with atomic_directory(output_dir, overwrite, world_folder_problem) as staging:
             write_jsonl(os.path.join(staging, "articles.jsonl"), self.articles)
             for split in SPLITS:
                 write_jsonl(os.path.join(staging, f"questions_{split}.jsonl"), self.questions_for(split))
@@ -304,7 +323,7 @@ class World:
     @classmethod
     def read(cls, path: str | os.PathLike) -> World:
         """Load a world written by `World.write`."""
-        config_path = os.path.join(path, "world_config.json")
+        config_path = os.path.join(path, WORLD_CONFIG_NAME)
         if not os.path.isfile(config_path):
             raise FileNotFoundError(f"{config_path}: not found; {path} is not a synthetic world folder.")
         with open(config_path, encoding="utf-8") as handle:
@@ -713,4 +732,4 @@ def _world_rows(path: str) -> list[dict]:
     return read_jsonl(path)
 
 
-__all__ = ["World", "WorldSpanAnnotator", "generate_world", "template_field"]
+__all__ = ["WORLD_FILES", "World", "WorldSpanAnnotator", "generate_world", "template_field", "world_folder_problem"]
