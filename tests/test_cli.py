@@ -134,3 +134,13 @@ def test_the_command_line_registers_realm_before_a_command_runs(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     answer = json.loads(result.stdout.splitlines()[-1])["answers"][0]
     assert {"answer", "score", "block_id", "title", "text"} <= set(answer)
+
+
+def test_every_command_takes_quiet_and_verbose_as_the_readme_says(capsys):
+    commands = [["convert"], ["ask"], *([group, *([command] if command else [])] for group, command in cli.JOBS)]
+    for words in commands:
+        with pytest.raises(SystemExit) as exited:
+            cli.build_parser([*words, "--help"]).parse_args([*words, "--help"])
+        assert exited.value.code == 0
+        usage = capsys.readouterr().out
+        assert "-q, --quiet" in usage and "-v, --verbose" in usage, words
