@@ -37,11 +37,26 @@ def train_wordpiece_vocab(
     texts is in the vocabulary, so no text it was trained on tokenizes to [UNK]. Returns the tokenizer loaded from
     `output_dir`.
     """
+    return save_wordpiece_vocab(
+        wordpiece_vocab(texts, vocab_size, min_frequency), output_dir, overwrite, model_max_length
+    )
+
+
+def wordpiece_vocab(texts: Iterable[str], vocab_size: int = 4000, min_frequency: int = 2) -> dict[str, int]:
+    """The vocabulary train_wordpiece_vocab writes, {token: id}, trained in memory: a ValueError for a vocab_size
+    below what the texts' characters alone take is raised before anything is written (`openrealm world`)."""
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
-    vocab = _train(texts, vocab_size, min_frequency)
+    return _train(texts, vocab_size, min_frequency)
+
+
+def save_wordpiece_vocab(
+    vocab: dict[str, int], output_dir: str | os.PathLike, overwrite: bool = False, model_max_length: int = 512
+) -> RealmTokenizer:
+    """Write `vocab` (wordpiece_vocab's) as vocab.txt and RealmTokenizer's files into `output_dir`, atomically; returns
+    the tokenizer loaded from it."""
     with atomic_directory(output_dir, overwrite) as staging:
         with open(os.path.join(staging, "vocab.txt"), "w", encoding="utf-8") as handle:
             handle.writelines(token + "\n" for token in sorted(vocab, key=vocab.__getitem__))
@@ -97,4 +112,4 @@ def _checked(texts: Iterable[str]) -> Iterator[str]:
         yield text
 
 
-__all__ = ["SPECIAL_TOKENS", "train_wordpiece_vocab"]
+__all__ = ["SPECIAL_TOKENS", "save_wordpiece_vocab", "train_wordpiece_vocab", "wordpiece_vocab"]

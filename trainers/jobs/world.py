@@ -23,6 +23,11 @@ def run(args: argparse.Namespace) -> int:
         questions_per_fact=args.questions_per_fact,
         mentions_per_person=args.mentions_per_person,
     )
+    vocab = None
+    if args.tokenizer_output:  # trained before anything is written: a --vocab-size too small is refused first
+        from openrealm.tokenization.vocab import wordpiece_vocab
+
+        vocab = wordpiece_vocab(world.texts(), args.vocab_size)
     path = world.write(args.output, overwrite=args.overwrite)
     config = world.config
     print(
@@ -30,11 +35,9 @@ def run(args: argparse.Namespace) -> int:
         f"{config['num_sentences']} sentences, questions {config['num_questions']}"
     )
     if args.tokenizer_output:
-        from openrealm.tokenization.vocab import train_wordpiece_vocab
+        from openrealm.tokenization.vocab import save_wordpiece_vocab
 
-        tokenizer = train_wordpiece_vocab(
-            world.texts(), args.tokenizer_output, vocab_size=args.vocab_size, overwrite=args.overwrite
-        )
+        tokenizer = save_wordpiece_vocab(vocab, args.tokenizer_output, overwrite=args.overwrite)
         print(f"{args.tokenizer_output}: WordPiece vocabulary of {len(tokenizer)} tokens")
     return 0
 
