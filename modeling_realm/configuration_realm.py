@@ -132,6 +132,10 @@ class RealmConfig(PreTrainedConfig):
         for name in POSITIVE_FLOATS:
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"field {name!r} must be a positive number, got {getattr(self, name)}")
+        if not 0 <= self.initializer_range < math.inf:  # the std of new weights: nan or inf makes them nan
+            raise ValueError(
+                f"field 'initializer_range' must be a finite number of at least 0, got {self.initializer_range}"
+            )
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"field 'hidden_act' names no activation function: {self.hidden_act!r}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:

@@ -1018,14 +1018,17 @@ def resolve_index_params(index_type: str, num_blocks: int, dim: int, params: dic
     if resolved.get("chunk_size", 0) is None:
         del resolved["chunk_size"]
     for name, value in resolved.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "seed" else 1):
-            raise ValueError(f"parameter {name} of index type '{index_type}' must be a positive int, got {value!r}")
+        minimum = 0 if name == "seed" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            kind = "a non-negative int" if minimum == 0 else "a positive int"
+            raise ValueError(f"parameter {name} of index type '{index_type}' must be {kind}, got {value!r}")
     if "train_size" in resolved:
         resolved["train_size"] = min(resolved["train_size"], num_blocks)
     if "nprobe" in resolved:  # probing more lists than exist is the same as probing all of them
         resolved["nprobe"] = min(resolved["nprobe"], resolved["nlist"])
-    if resolved.get("nlist", 1) > min(num_blocks, resolved.get("train_size", num_blocks)):
-        raise ValueError(f"nlist={resolved['nlist']} exceeds the number of training blocks")
+    training_blocks = min(num_blocks, resolved.get("train_size", num_blocks))
+    if resolved.get("nlist", 1) > training_blocks:
+        raise ValueError(f"nlist={resolved['nlist']} exceeds the {training_blocks} training blocks")
     if "pq_m" in resolved and dim % resolved["pq_m"]:
         raise ValueError(f"pq_m={resolved['pq_m']} must divide dim={dim}")
     if "pq_bits" in resolved and 2 ** resolved["pq_bits"] > resolved["train_size"]:

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 from datasets import Dataset
 from huggingface_hub.utils import filter_repo_objects
@@ -396,6 +397,19 @@ def one_error_line(capsys) -> str:
     lines = err.strip().splitlines()
     assert [line for line in lines if "error" in line.lower()] == lines[-1:], err
     assert lines[-1].startswith("openrealm: error: "), err
+    return lines[-1]
+
+
+def refused_argument(argv: list[str], capsys) -> str:
+    """The error line of `openrealm ARGV` refused by its parser: exit 2, no traceback, one line with "error:" (the
+    last; argparse prints the usage above it), e.g. "openrealm train ict: error: argument --seed: ..."."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert [line for line in lines if "error:" in line] == lines[-1:], err
     return lines[-1]
 
 

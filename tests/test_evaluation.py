@@ -349,3 +349,13 @@ def test_cli_writes_the_results_json(model, results, tmp_path, capsys):
     assert [p["block_ids"] for p in written["predictions"]] == searcher.search(
         [r["question"] for r in QUESTIONS], 2
     ).tolist()
+
+
+def test_the_blocks_read_and_the_recall_note_count_only_the_blocks_left_after_a_removal():
+    model = make_openqa_model(seed=0)
+    model.retriever.remove_blocks([0, 1])  # 4 of the 6 blocks are left to search
+    results = evaluate_openqa(model, [{"question": "who ?", "answers": ["x"]}], recall_ks=(1, 5), num_blocks=5)
+    assert results["num_blocks"] == 4 and results["corpus_size"] == 6
+    assert results["notes"] == [
+        "recall@5: the corpus holds only 4 blocks (2 removed), so this is recall over all of them"
+    ]

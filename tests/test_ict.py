@@ -288,6 +288,15 @@ def test_google_warmup_formula():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def test_blocks_removed_from_the_corpus_are_neither_queries_nor_negatives(tmp_path):
+    from openrealm.trainers.living_corpus import edit_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")  # 7 blocks, two of them titled "paris"
+    edit_corpus(corpus, remove_titles=["paris"], progress=False)
+    blocks = ict.load_blocks(corpus)
+    assert blocks["block_id"] == [0, 2, 3, 4, 6]
+
+
 def test_init_from_a_bert_checkpoint_loads_its_encoder(ict_corpus, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(ict_corpus)
     torch.manual_seed(0)

@@ -540,3 +540,18 @@ def test_exact_search_over_half_precision_storage_returns_duplicates_lowest_id_f
     blocks[900:] = blocks[:100]
     scores, ids = torch_exact_search(blocks.to(torch.bfloat16), blocks[:10], 2, chunk_size=256)
     assert ids.tolist() == [[i, i + 900] for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"nlist": 100}, "nlist=100 exceeds the 37 training blocks"),
+        ({"nlist": 21, "train_size": 20}, "nlist=21 exceeds the 20 training blocks"),
+        ({"seed": -1}, "parameter seed of index type 'ivf' must be a non-negative int, got -1"),
+        ({"nprobe": 0}, "parameter nprobe of index type 'ivf' must be a positive int, got 0"),
+    ],
+    ids=["nlist", "nlist-train-size", "seed", "nprobe"],
+)
+def test_a_refused_index_parameter_says_the_bound_it_broke(params, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        index_realm.resolve_index_params("ivf", 37, 16, params)

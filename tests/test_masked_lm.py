@@ -147,14 +147,15 @@ def mlm_argv(corpus, output, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_train_mlm_refuses_a_block_length_that_leaves_no_wordpiece_to_mask(quickstart_corpus, tmp_path, capsys):
+def test_train_mlm_refuses_a_block_length_that_leaves_few_wordpieces_to_mask(quickstart_corpus, tmp_path, capsys):
     output = tmp_path / "encoder"
-    assert cli.main(mlm_argv(quickstart_corpus, output, "--max-seq-len", "3")) == 2
+    argv = mlm_argv(quickstart_corpus, output, "--max-seq-len", "4", "--max-dropped-share", "0.8")
+    assert cli.main(argv) == 2
     error = capsys.readouterr().err.splitlines()[-1]
     assert error.startswith(
-        "openrealm: error: 117 of 117 blocks an epoch (100%) give no training example: 117 because BERT's masking "
-        "(each wordpiece with probability 0.15) chooses none of the wordpieces of their block, which holds 0.0 on "
-        "average at --max-seq-len 3"
+        "openrealm: error: 99 of 117 blocks an epoch (85%) give no training example: 99 because BERT's masking "
+        "(each wordpiece with probability 0.15) chooses none of the wordpieces of their block, which holds 1.0 on "
+        "average at --max-seq-len 4"
     )
     assert "raise --max-seq-len" in error and not output.exists()
 

@@ -5,6 +5,8 @@ and the corpora it refuses or stops on, naming why. The index refresh callback's
 import argparse
 import json
 import math
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -314,7 +316,7 @@ def test_held_out_query_blocks_give_no_training_query_and_are_listed_in_the_summ
     from openrealm.trainers.pretraining.evaluation import held_out_query_blocks
 
     blocks = load_corpus(world_corpus)
-    args = SimpleNamespace(hold_out_queries=10, seed=3)
+    args = SimpleNamespace(hold_out_queries=10, seed=3, corpus=world_corpus)
     held_out = held_out_query_blocks(blocks, 10, seed=3)
     training = pretrain.training_queries(blocks, args)
     assert len(held_out) == 10 and len(training) == len(blocks) - 10
@@ -323,6 +325,21 @@ def test_held_out_query_blocks_give_no_training_query_and_are_listed_in_the_summ
     output = tmp_path / "out"
     assert cli_pretrain(world_corpus, output, "--max-steps", "2", "--hold-out-queries", "10", "--seed", "3") == 0
     assert json.loads((output / "pretraining.json").read_text())["held_out_query_blocks"] == held_out
+
+
+def test_blocks_removed_from_the_corpus_give_no_training_query_and_are_never_held_out(world_corpus, tmp_path):
+    from openrealm.trainers.living_corpus import edit_corpus
+    from openrealm.trainers.pretraining.preparation import held_out_blocks
+
+    corpus = Path(shutil.copytree(world_corpus, tmp_path / "corpus"))
+    blocks = load_corpus(corpus)
+    args = SimpleNamespace(hold_out_queries=10, seed=3, corpus=corpus)
+    removed = held_out_blocks(blocks, args)[:3]  # blocks that would be held out
+    edit_corpus(corpus, remove_ids=removed, progress=False)
+    held_out, training = held_out_blocks(blocks, args), pretrain.training_queries(blocks, args)
+    assert len(held_out) == 10 and not set(held_out) & set(removed)
+    assert len(training) == len(blocks) - 13
+    assert not set(training["block_id"]) & {*removed, *held_out}
 
 
 def test_the_oracle_reader_trains_the_retriever_through_the_command_line_and_logs_its_answer_metrics(

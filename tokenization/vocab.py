@@ -41,13 +41,29 @@ def train_wordpiece_vocab(
     `RealmTokenizer.save_pretrained`, atomically (a sibling temporary folder, then a rename). Every character of the
     texts is in the vocabulary, so no text it was trained on tokenizes to [UNK]. Returns the tokenizer loaded from
     `output_dir`. An existing `output_dir` is replaced only with overwrite, and only when it is a vocabulary this
-    function wrote, holding nothing else (vocab_folder_problem).
+    module wrote, holding nothing else (vocab_folder_problem).
     """
+    return save_wordpiece_vocab(
+        wordpiece_vocab(texts, vocab_size, min_frequency), output_dir, overwrite, model_max_length
+    )
+
+
+def wordpiece_vocab(texts: Iterable[str], vocab_size: int = 4000, min_frequency: int = 2) -> dict[str, int]:
+    """The vocabulary train_wordpiece_vocab writes, {token: id}, trained in memory: a ValueError for a vocab_size
+    below what the texts' characters alone take is raised before anything is written (`openrealm world`)."""
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
-    vocab = _train(texts, vocab_size, min_frequency)
+    return _train(texts, vocab_size, min_frequency)
+
+
+def save_wordpiece_vocab(
+    vocab: dict[str, int], output_dir: str | os.PathLike, overwrite: bool = False, model_max_length: int = 512
+) -> RealmTokenizer:
+    """Write `vocab` (wordpiece_vocab's) as vocab.txt and RealmTokenizer's files into `output_dir`, atomically; returns
+    the tokenizer loaded from it. An existing `output_dir` is replaced only with overwrite, and only when it is a
+    vocabulary this module wrote, holding nothing else (vocab_folder_problem)."""
     with atomic_directory(output_dir, overwrite, vocab_folder_problem) as staging:
         with open(os.path.join(staging, "vocab.txt"), "w", encoding="utf-8") as handle:
             handle.writelines(token + "\n" for token in sorted(vocab, key=vocab.__getitem__))
@@ -126,4 +142,11 @@ def _checked(texts: Iterable[str]) -> Iterator[str]:
         yield text
 
 
-__all__ = ["SPECIAL_TOKENS", "VOCAB_FILES", "train_wordpiece_vocab", "vocab_folder_problem"]
+__all__ = [
+    "SPECIAL_TOKENS",
+    "VOCAB_FILES",
+    "save_wordpiece_vocab",
+    "train_wordpiece_vocab",
+    "vocab_folder_problem",
+    "wordpiece_vocab",
+]

@@ -174,8 +174,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ask = commands.add_parser("ask", help="answer questions with a REALM open-QA model")
     ask.add_argument("--model", required=True, help="folder or Hub repo id of a RealmForOpenQA checkpoint")
     ask.add_argument("question", nargs="*", help="question(s); read from stdin, one per line, when none is given")
-    ask.add_argument("--top-k", type=int, default=1, help="answers per question")
-    ask.add_argument("--num-blocks", type=int, default=None, help="blocks read per question (default: config)")
+    ask.add_argument("--top-k", type=options.positive_int, default=1, help="answers per question")
+    ask.add_argument(
+        "--num-blocks", type=options.positive_int, default=None, help="blocks read per question (default: config)"
+    )
     ask.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     options.user_corpus_options(ask)
     options.output_options(ask)
@@ -243,7 +245,19 @@ def classify_error(error: BaseException) -> tuple[int, str] | None:
         return wrapped_error(str(error)) or (2, str(error))
     if isinstance(error, OSError):  # e.g. neither a local folder nor a loadable Hub repo, no network, disk full
         return 1, str(error)
+    if out_of_memory(error):  # a model or batch larger than this machine (sizes no machine holds are refused first)
+        return 1, f"out of memory: {error}"
     return None
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed: Python's MemoryError, torch's CPU allocator ("can't allocate
+    memory") or CUDA's OutOfMemoryError."""
+    if isinstance(error, MemoryError):
+        return True
+    torch = sys.modules.get("torch")  # a torch error needs torch loaded; the command line does not import it
+    cuda_oom = torch is not None and isinstance(error, torch.OutOfMemoryError)
+    return cuda_oom or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
 def wrapped_error(text: str) -> tuple[int, str] | None:

@@ -54,9 +54,11 @@ def check_dropped(
     refusal: the error message when more than max_share was dropped (a run that read nothing counts as all dropped);
     warning: the summary line's warning when more than WARN_DROPPED_SHARE was dropped. Each is None otherwise."""
     total = sum(dropped.values())
-    share = total / num_read if num_read else 1.0
+    if not num_read:  # e.g. no whole batch: not a share of anything
+        return f"0 {unit}: no batch held an example, so nothing trained", None
+    share = total / num_read
     if share > max_share:
-        described = describe_dropped(num_read, dropped, causes, unit) if num_read else f"no {unit} were read."
+        described = describe_dropped(num_read, dropped, causes, unit)
         return (
             f"{described} That is more than --max-dropped-share {max_share:g} of them: too few to train on "
             "(--max-dropped-share 1 trains anyway)",

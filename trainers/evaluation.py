@@ -300,14 +300,15 @@ def evaluate_openqa(
     if num_blocks is not None and num_blocks < 1:
         raise ValueError(f"num_blocks must be positive, got {num_blocks}")
     corpus_size = len(model.retriever.block_records)
-    num_read = min(num_blocks or model.config.reader_beam_size, corpus_size)
-    num_retrieved = min(max(max(recall_ks), num_read), corpus_size)
+    retriever = model.retriever
+    searchable = retriever.index.num_searchable if retriever.has_index else corpus_size  # removed: never retrieved
+    num_read = min(num_blocks or model.config.reader_beam_size, searchable)
+    num_retrieved = min(max(max(recall_ks), num_read), searchable)
     ks = sorted(set(recall_ks))
     # recall@k for k beyond the corpus is recall over the whole corpus: kept under its name, with a note saying so.
+    held = f"{searchable} blocks" + (f" ({corpus_size - searchable} removed)" if searchable < corpus_size else "")
     notes = [
-        f"recall@{k}: the corpus holds only {corpus_size} blocks, so this is recall over all of them"
-        for k in ks
-        if k > corpus_size
+        f"recall@{k}: the corpus holds only {held}, so this is recall over all of them" for k in ks if k > searchable
     ]
     records = model.retriever.block_records
     hits = {k: 0 for k in ks}

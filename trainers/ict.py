@@ -32,7 +32,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmConfig, RealmEmbedder, RealmPreTrainedModel
-from openrealm.tokenization.corpus_folder import load_corpus
+from openrealm.tokenization.corpus_folder import load_corpus, read_removed_block_ids
 from openrealm.tokenization.retriever_inputs import block_retriever_inputs
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
@@ -304,15 +304,23 @@ def compute_ict_metrics(eval_prediction) -> dict[str, float]:
 
 
 def load_blocks(corpus):
-    """The corpus's blocks as a `datasets.Dataset`: a corpus folder (`openrealm corpus build`) or a Dataset."""
+    """The corpus's blocks as a `datasets.Dataset`: a corpus folder (`openrealm corpus build`; the blocks `corpus
+    remove` removed are left out: never retrieved, never trained on) or a Dataset."""
     import datasets
 
-    blocks = corpus if isinstance(corpus, datasets.Dataset) else load_corpus(corpus)
+    removed = ()
+    if isinstance(corpus, datasets.Dataset):
+        blocks = corpus
+    else:
+        blocks, removed = load_corpus(corpus), read_removed_block_ids(corpus)
+        if len(removed):
+            blocks = blocks.select(np.setdiff1d(np.arange(len(blocks)), removed))
     missing = [name for name in CORPUS_COLUMNS if name not in blocks.column_names]
     if missing:
         raise ValueError(f"corpus {corpus} lacks the column(s) {missing} (has {blocks.column_names})")
     if len(blocks) == 0:
-        raise ValueError(f"corpus {corpus} has no blocks")
+        left = f" left (`corpus remove` removed all {len(removed)})" if len(removed) else ""
+        raise ValueError(f"corpus {corpus} has no blocks{left}")
     return blocks
 
 
@@ -465,6 +473,12 @@ def build_trainer(args: argparse.Namespace, embedder: RealmEmbedder, tokenizer, 
         raise ValueError(
             f"corpus {args.corpus} has {len(blocks)} blocks, fewer than one global batch "
             f"({args.batch_size} x {world} processes): lower --batch-size"
+        )
+    if args.eval_steps and args.eval_blocks < args.batch_size * world:
+        raise ValueError(
+            f"--eval-blocks {args.eval_blocks} is fewer than one global batch ({args.batch_size} x {world} "
+            "processes): the in-batch evaluation keeps whole batches only and would score nothing; raise "
+            "--eval-blocks or lower --batch-size"
         )
     collator = IctCollator(
         tokenizer, args.query_seq_len, args.block_seq_len, args.mask_rate, args.seed, training_args.process_index

@@ -389,10 +389,10 @@ def finetune_openqa(
     if options.passage_supervision and "gold_passage_id" not in train_dataset.column_names:
         raise ValueError("passage_supervision needs a gold_passage_id column in the training set.")
     retriever = model._require_retriever()
-    num_blocks = retriever.index.num_blocks
-    model.config.searcher_beam_size = min(options.searcher_beam_size, num_blocks)
-    model.config.reader_beam_size = min(options.reader_beam_size, num_blocks)
-    eval_beam = min(options.eval_reader_beam_size, num_blocks)
+    num_blocks, searchable = retriever.index.num_blocks, retriever.index.num_searchable  # removed: never retrieved
+    model.config.searcher_beam_size = min(options.searcher_beam_size, searchable)
+    model.config.reader_beam_size = min(options.reader_beam_size, searchable)
+    eval_beam = min(options.eval_reader_beam_size, searchable)
     output_dir = Path(args.output_dir)
 
     latest = {}  # the newest dev evaluation, predictions included
@@ -447,7 +447,7 @@ def finetune_openqa(
         "learning_rate": args.learning_rate,
         "warmup_steps": arguments.warmup_steps,
         "searcher_beam_size": model.config.searcher_beam_size,
-        "reader_beam_size_train": min(options.reader_beam_size, num_blocks),
+        "reader_beam_size_train": min(options.reader_beam_size, searchable),
         "reader_beam_size_eval": eval_beam,
         "passage_supervision": options.passage_supervision,
         "num_blocks": num_blocks,

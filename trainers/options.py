@@ -10,6 +10,8 @@ module is long because every job's options are in it, so that `openrealm JOB --h
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 # train ict (Google's ICT flags)
 MASK_RATE = 0.9  # probability of removing the query sentence from its block
@@ -47,19 +49,58 @@ MAX_DROPPED_SHARE = 0.9  # --max-dropped-share: more dropped stops the run (unde
 DEMO_NUM_RETRIEVED = 10  # blocks listed per question = trainers.demo.NUM_RETRIEVED (a file that imports no openrealm)
 
 
-def positive_int(text: str) -> int:
-    """argparse type of a count that must be at least 1."""
+# The largest seed: transformers' set_seed takes 0..2**32 - 1, and stages seed helpers with seed + 1.
+MAX_SEED = 2**31 - 1
+# The integers the types below describe by name; any other minimum is "an integer of at least N".
+NAMED_MINIMUMS = {0: ("a non-negative integer", "0 or more"), 1: ("a positive integer", "at least 1")}
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type of an integer of at least `minimum` (a count, a length); "1.5", "nan" and "" are refused, never
+    rounded. The message names the minimum: "must be a positive integer (at least 1), got 0"."""
+    name, bound = NAMED_MINIMUMS.get(minimum, (f"an integer of at least {minimum}", None))
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {name}{f' ({bound})' if bound else ''}, got {value}")
+        return value
+
+    parse.__name__ = f"int_at_least_{minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)  # a count that must be at least 1 (a batch size, steps, a beam)
+non_negative_int = int_at_least(0)  # a count where 0 means none (checkpoint period, held-out queries)
+
+
+def seed(text: str) -> int:
+    """argparse type of a random seed: an integer from 0 to MAX_SEED (numpy and transformers refuse negative ones)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (at least 1), got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEED}, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    """argparse type of a TCP port: 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {value}")
     return value
 
 
 def share(text: str) -> float:
-    """argparse type of a share: a number from 0 to 1."""
+    """argparse type of a share or a probability: a number from 0 to 1 (nan and inf are refused)."""
     try:
         value = float(text)
     except ValueError:
@@ -67,6 +108,42 @@ def share(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value:g}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type of a learning rate: a finite number of at least 0 (nan and inf would train garbage; 0 keeps the
+    weights, a diagnostic)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {value:g}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """argparse type of a number that must be finite (nan and inf are refused); its range is the job's to check."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {value:g}")
+    return value
+
+
+def config_overrides(text: str) -> str:
+    """argparse type of --config-overrides "k=v,k=v": the text, once every item is key=value and every key a field of
+    RealmConfig (a misspelt key would be stored in config.json and leave the field at its default: a full-size
+    model). The values are checked where the config is built (trainers/towers.py), with the model's own fields."""
+    from openrealm.trainers.stage_utils import parse_config_overrides  # imports transformers: only when given
+
+    try:
+        parse_config_overrides(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def max_dropped_share_option(parser: argparse.ArgumentParser, examples: str) -> None:
@@ -106,7 +183,7 @@ def quickstart(parser: argparse.ArgumentParser) -> None:
         "--output", default=QUICKSTART_OUTPUT, help=f"folder for everything (default {QUICKSTART_OUTPUT})"
     )
     parser.add_argument("--preset", choices=QUICKSTART_PRESETS, default="default", help="sizes (default: default)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the world, the weights and the data order")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the world, the weights and the data order")
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -118,20 +195,24 @@ def quickstart(parser: argparse.ArgumentParser) -> None:
 def world(parser: argparse.ArgumentParser) -> None:
     """Arguments of `openrealm world` (generate a synthetic world, optionally with its WordPiece vocabulary)."""
     parser.add_argument("--output", required=True, help="folder to write the world into")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
+    parser.add_argument("--seed", type=seed, default=0, help="random seed (same seed, same files)")
     defaults = {"people": 120, "organizations": 40, "cities": 40, "rivers": 12, "mountains": 12, "regions": 8}
     for kind, default in defaults.items():
-        parser.add_argument(f"--num-{kind}", type=int, default=default, help=f"number of {kind} (default {default})")
+        parser.add_argument(
+            f"--num-{kind}", type=positive_int, default=default, help=f"number of {kind} (default {default})"
+        )
     parser.add_argument("--questions-per-fact", type=int, default=2, choices=(1, 2), help="question wordings per fact")
     parser.add_argument(
         "--mentions-per-person",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="meetings per person: names each person in many blocks that do not state what questions ask, and moves "
         "facts' first statements out of their subject's article (default 0: the plain world)",
     )
     parser.add_argument("--tokenizer-output", default=None, help="also train a WordPiece vocabulary into this folder")
-    parser.add_argument("--vocab-size", type=int, default=4000, help="WordPiece vocabulary size (default 4000)")
+    parser.add_argument(
+        "--vocab-size", type=positive_int, default=4000, help="WordPiece vocabulary size (default 4000)"
+    )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a world and a vocabulary written earlier by this command"
     )
@@ -147,10 +228,15 @@ def corpus_build(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="tokenizer name or path for AutoTokenizer, e.g. bert-base-uncased or a REALM checkpoint folder",
     )
-    parser.add_argument("--max-block-length", type=int, default=MAX_BLOCK_LENGTH, help="wordpieces per block (288)")
-    parser.add_argument("--num-proc", type=int, default=1, help="worker processes")
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="articles per batch (default 256; 1000 with --passages-as-blocks)"
+        "--max-block-length", type=int_at_least(4), default=MAX_BLOCK_LENGTH, help="wordpieces per block (288)"
+    )
+    parser.add_argument("--num-proc", type=positive_int, default=1, help="worker processes")
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="articles per batch (default 256; 1000 with --passages-as-blocks)",
     )
     parser.add_argument(
         "--spans",
@@ -251,7 +337,7 @@ def _corpus_edit(parser: argparse.ArgumentParser, command: str) -> None:
     if command == "remove":
         which = parser.add_mutually_exclusive_group(required=True)
         which.add_argument("--titles", nargs="+", help="remove every block of these article titles (exact match)")
-        which.add_argument("--ids", nargs="+", type=int, help="remove these block ids")
+        which.add_argument("--ids", nargs="+", type=non_negative_int, help="remove these block ids")
     output_options(parser)
 
 
@@ -269,53 +355,68 @@ def train_ict(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="folder for the trained RealmEmbedder + tokenizer (checkpoints go in OUTPUT/checkpoint-*)",
     )
-    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (Google: 100000 at batch 4096)")
+    parser.add_argument(
+        "--max-steps", type=positive_int, required=True, help="optimiser steps (Google: 100000 at batch 4096)"
+    )
     parser.add_argument(
         "--batch-size",
         type=positive_int,
         default=64,
         help="examples per process; the negatives are the global batch (Google: 4096) (default 64)",
     )
-    parser.add_argument("--learning-rate", type=float, default=ICT_LEARNING_RATE, help="peak AdamW lr (default 1e-4)")
+    parser.add_argument(
+        "--learning-rate", type=non_negative_float, default=ICT_LEARNING_RATE, help="peak AdamW lr (default 1e-4)"
+    )
     parser.add_argument(
         "--warmup-steps",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="linear warm-up steps (default Google's min(10000, max(100, max_steps / 10)))",
     )
     parser.add_argument(
-        "--query-seq-len", type=int, default=None, help="query wordpieces (default 64, or what the model reads)"
+        "--query-seq-len",
+        type=int_at_least(3),
+        default=None,
+        help="query wordpieces (default 64, or what the model reads)",
     )
     parser.add_argument(
-        "--block-seq-len", type=int, default=None, help="block wordpieces (default 288, or what the model reads)"
+        "--block-seq-len",
+        type=int_at_least(4),
+        default=None,
+        help="block wordpieces (default 288, or what the model reads)",
     )
     parser.add_argument(
         "--mask-rate",
-        type=float,
+        type=share,
         default=MASK_RATE,
         help="probability of removing the query sentence from its block (default 0.9)",
     )
     parser.add_argument(
         "--embedding-dropout",
-        type=float,
+        type=share,
         default=EMBEDDING_DROPOUT,
         help="dropout on the projected embedding while training (default 0.1, as Google)",
     )
     parser.add_argument(
         "--config-overrides",
+        type=config_overrides,
         default=None,
         help="RealmConfig fields as k=v,k=v (e.g. hidden_size=64,num_hidden_layers=2,"
         "num_attention_heads=4,intermediate_size=256,retriever_proj_size=32 for --init random)",
     )
     parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus folder's)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and examples (default 0)")
-    parser.add_argument("--logging-steps", type=int, default=50, help="log the loss every N steps (default 50)")
     parser.add_argument(
-        "--save-steps", type=int, default=1000, help="checkpoint every N steps, 0 = never (default 1000)"
+        "--seed", type=seed, default=0, help="seed of the weights, data order and examples (default 0)"
+    )
+    parser.add_argument(
+        "--logging-steps", type=positive_int, default=50, help="log the loss every N steps (default 50)"
+    )
+    parser.add_argument(
+        "--save-steps", type=non_negative_int, default=1000, help="checkpoint every N steps, 0 = never (default 1000)"
     )
     parser.add_argument(
         "--save-total-limit",
-        type=int,
+        type=positive_int,
         default=2,
         help="checkpoints kept: the newest N and the one just written (default 2)",
     )
@@ -329,19 +430,21 @@ def train_ict(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--eval-steps",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="in-batch accuracy on --eval-blocks blocks every N steps, 0 = never (default 0)",
     )
-    parser.add_argument("--eval-blocks", type=int, default=1000, help="blocks in the in-batch evaluation set")
+    parser.add_argument("--eval-blocks", type=positive_int, default=1000, help="blocks in the in-batch evaluation set")
     parser.add_argument(
         "--eval-queries",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="after training, recall@5 of a sentence's own block over the whole corpus with this many "
         "queries (embeds every block; default 0 = skip)",
     )
-    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    parser.add_argument(
+        "--num-workers", type=non_negative_int, default=0, help="DataLoader worker processes (default 0)"
+    )
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations to save memory")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
@@ -365,24 +468,41 @@ def train_mlm(parser: argparse.ArgumentParser) -> None:
         "encoder folder, or 'random' (sized by --config-overrides)",
     )
     parser.add_argument("--output", required=True, help="folder for the trained RealmKnowledgeAugEncoder + tokenizer")
-    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
+    parser.add_argument("--max-steps", type=positive_int, required=True, help="optimiser steps")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="blocks per step and process (default 32)")
-    parser.add_argument("--learning-rate", type=float, default=5e-5, help="peak AdamW lr (default 5e-5)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
+    parser.add_argument("--learning-rate", type=non_negative_float, default=5e-5, help="peak AdamW lr (default 5e-5)")
     parser.add_argument(
-        "--max-seq-len", type=int, default=None, help="wordpieces per block (default 288, or what the model reads)"
+        "--warmup-steps", type=non_negative_int, default=None, help="default min(10000, max(100, steps / 10))"
     )
     parser.add_argument(
-        "--eval-blocks", type=int, default=256, help="blocks scored before and after training (default 256; 0 = none)"
+        "--max-seq-len",
+        type=int_at_least(4),
+        default=None,
+        help="wordpieces per block (default 288, or what the model reads)",
     )
-    parser.add_argument("--config-overrides", default=None, help="RealmConfig fields k=v,... (for --init random)")
+    parser.add_argument(
+        "--eval-blocks",
+        type=non_negative_int,
+        default=256,
+        help="blocks scored before and after training (default 256; 0 = none)",
+    )
+    parser.add_argument(
+        "--config-overrides",
+        type=config_overrides,
+        default=None,
+        help="RealmConfig fields k=v,... (for --init random)",
+    )
     parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus's)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and masks (default 0)")
-    parser.add_argument("--logging-steps", type=int, default=50, help="log the loss every N steps (default 50)")
-    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps, 0 = never (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the weights, data order and masks (default 0)")
+    parser.add_argument(
+        "--logging-steps", type=positive_int, default=50, help="log the loss every N steps (default 50)"
+    )
+    parser.add_argument(
+        "--save-steps", type=non_negative_int, default=0, help="checkpoint every N steps, 0 = never (default 0)"
+    )
     parser.add_argument(
         "--save-total-limit",
-        type=int,
+        type=positive_int,
         default=2,
         help="checkpoints kept: the newest N and the one just written (default 2)",
     )
@@ -406,12 +526,16 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--embedder", required=True, help="RealmEmbedder (e.g. ICT output) or BERT folder, or random")
     parser.add_argument("--encoder", required=True, help="RealmKnowledgeAugEncoder or BERT folder, or random")
     parser.add_argument("--output", required=True, help="folder for embedder/, encoder/, the tokenizer and index/")
-    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps (paper: 200000 at batch 512)")
-    parser.add_argument("--refresh-every", type=int, required=True, help="index refresh period in steps (paper ~500)")
+    parser.add_argument(
+        "--max-steps", type=positive_int, required=True, help="optimiser steps (paper: 200000 at batch 512)"
+    )
+    parser.add_argument(
+        "--refresh-every", type=non_negative_int, required=True, help="index refresh period in steps (paper ~500)"
+    )
     parser.add_argument("--refresh-mode", choices=REFRESH_MODES, default="async", help="async (default), sync or off")
     parser.add_argument(
         "--refresh-lag",
-        type=int,
+        type=positive_int,
         default=None,
         help="async: swap each new index in exactly this many steps after its snapshot, waiting then if the build has "
         "not ended: a seeded run is reproducible (default: as soon as built, as REALM)",
@@ -435,17 +559,17 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=positive_int, default=4, help="queries per step (Google local: 4, paper: 512)"
     )
     parser.add_argument(
-        "--learning-rate", type=float, default=PRETRAIN_LEARNING_RATE, help="peak AdamW lr (default 3e-5)"
+        "--learning-rate", type=non_negative_float, default=PRETRAIN_LEARNING_RATE, help="peak AdamW lr (default 3e-5)"
     )
     parser.add_argument(
         "--embedder-learning-rate",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="peak lr of the retriever (default: --learning-rate; lower keeps a small ICT retriever from drifting)",
     )
     parser.add_argument(
         "--freeze-retriever-steps",
-        type=int,
+        type=non_negative_int,
         default=0,
         metavar="N",
         help="the retriever (embedder) takes no update in the first N steps while the reader trains, as Atlas's "
@@ -453,7 +577,7 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--initial-prior-entropy",
-        type=float,
+        type=finite_float,
         default=None,
         metavar="NATS",
         help="before training, scale the embedder's output LayerNorm so that p(z|x) over the K candidates of sampled "
@@ -462,15 +586,19 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gradient-accumulation-steps", type=positive_int, default=1, help="batches per update (default 1)"
     )
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
-    parser.add_argument("--num-candidates", type=int, default=NUM_CANDIDATES, help="K incl. the null doc (8)")
+    parser.add_argument(
+        "--warmup-steps", type=non_negative_int, default=None, help="default min(10000, max(100, steps / 10))"
+    )
+    parser.add_argument(
+        "--num-candidates", type=int_at_least(2), default=NUM_CANDIDATES, help="K incl. the null doc (8)"
+    )
     parser.add_argument(
         "--spans", choices=MASKING_STRATEGIES, default="salient", help="masking strategy (default salient)"
     )
-    parser.add_argument("--embedding-dropout", type=float, default=EMBEDDING_DROPOUT, help="(default 0.1)")
+    parser.add_argument("--embedding-dropout", type=share, default=EMBEDDING_DROPOUT, help="(default 0.1)")
     parser.add_argument(
         "--oracle-reader-weight",
-        type=float,
+        type=share,
         default=0.0,
         metavar="A",
         help="diagnostic, not for training a model: the reader's p(y|z,x) becomes A * an oracle's (sure where the "
@@ -479,19 +607,26 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--hold-out-queries",
-        type=int,
+        type=non_negative_int,
         default=0,
         metavar="N",
         help="N blocks with a salient span (seeded) give no training query but stay retrievable, for evaluating the "
         "retriever on unseen queries; their ids go to pretraining.json (default 0)",
     )
-    parser.add_argument("--config-overrides", default=None, help="RealmConfig fields k=v,... (for random models)")
+    parser.add_argument(
+        "--config-overrides",
+        type=config_overrides,
+        default=None,
+        help="RealmConfig fields k=v,... (for random models)",
+    )
     parser.add_argument("--tokenizer", default=None, help="tokenizer of the corpus ids (default: the corpus's)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, data order and masks (default 0)")
-    parser.add_argument("--logging-steps", type=int, default=50, help="log every N steps (default 50)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the weights, data order and masks (default 0)")
+    parser.add_argument("--logging-steps", type=positive_int, default=50, help="log every N steps (default 50)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard, wandb (default none)")
-    parser.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: none)")
+    parser.add_argument(
+        "--save-steps", type=non_negative_int, default=None, help="checkpoint every N steps (default: none)"
+    )
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -499,7 +634,7 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--save-total-limit",
-        type=int,
+        type=positive_int,
         default=2,
         help="checkpoints kept: the newest N and the one just written (default 2)",
     )
@@ -523,7 +658,7 @@ def train_pretrain(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--preflight-steps",
-        type=int,
+        type=non_negative_int,
         default=PREFLIGHT_STEPS,
         metavar="N",
         help=f"steps of the pre-flight's oracle-reader run (default {PREFLIGHT_STEPS}; 0: skip it)",
@@ -545,25 +680,35 @@ def train_openqa(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dev-split", default=None, help="split of a --dev folder or Hub dataset (default: auto)")
     parser.add_argument("--output", required=True, help="folder for the fine-tuned RealmForOpenQA")
     parser.add_argument("--overwrite", action="store_true", help="replace the model an earlier run saved in OUTPUT")
-    parser.add_argument("--max-steps", type=int, required=True, help="optimiser steps")
+    parser.add_argument("--max-steps", type=positive_int, required=True, help="optimiser steps")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="questions per step (ORQA: 1; default 8)")
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=1, help="steps per update (default 1)")
     parser.add_argument(
-        "--learning-rate", type=float, default=OPENQA_LEARNING_RATE, help="peak AdamW lr (default 1e-5)"
+        "--gradient-accumulation-steps", type=positive_int, default=1, help="steps per update (default 1)"
     )
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, max(100, steps / 10))")
     parser.add_argument(
-        "--searcher-beam-size", type=int, default=SEARCHER_BEAM_SIZE, help="blocks in the retriever loss"
+        "--learning-rate", type=non_negative_float, default=OPENQA_LEARNING_RATE, help="peak AdamW lr (default 1e-5)"
     )
-    parser.add_argument("--reader-beam-size", type=int, default=READER_BEAM_SIZE, help="blocks read in training (5)")
-    parser.add_argument("--eval-reader-beam-size", type=int, default=EVAL_READER_BEAM_SIZE, help="read at inference")
-    parser.add_argument("--eval-steps", type=int, default=None, help="dev evaluation every N steps")
-    parser.add_argument("--eval-batch-size", type=int, default=8, help="dev questions per forward pass (default 8)")
+    parser.add_argument(
+        "--warmup-steps", type=non_negative_int, default=None, help="default min(10000, max(100, steps / 10))"
+    )
+    parser.add_argument(
+        "--searcher-beam-size", type=positive_int, default=SEARCHER_BEAM_SIZE, help="blocks in the retriever loss"
+    )
+    parser.add_argument(
+        "--reader-beam-size", type=positive_int, default=READER_BEAM_SIZE, help="blocks read in training (5)"
+    )
+    parser.add_argument(
+        "--eval-reader-beam-size", type=positive_int, default=EVAL_READER_BEAM_SIZE, help="read at inference"
+    )
+    parser.add_argument("--eval-steps", type=positive_int, default=None, help="dev evaluation every N steps")
+    parser.add_argument(
+        "--eval-batch-size", type=positive_int, default=8, help="dev questions per forward pass (default 8)"
+    )
     parser.add_argument("--passage-supervision", action="store_true", help="REALM++ gold-passage retriever loss")
     parser.add_argument("--gold-passages", default=None, help="JSONL {id, text} of the gold passages of the rows")
-    parser.add_argument("--min-passage-overlap", type=float, default=MIN_PASSAGE_OVERLAP, help="default 0.5")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the span scorer and the data order")
-    parser.add_argument("--logging-steps", type=int, default=10, help="log every N steps (default 10)")
+    parser.add_argument("--min-passage-overlap", type=share, default=MIN_PASSAGE_OVERLAP, help="default 0.5")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the span scorer and the data order")
+    parser.add_argument("--logging-steps", type=positive_int, default=10, help="log every N steps (default 10)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     parser.add_argument("--report-to", default="none", help="Trainer loggers, e.g. tensorboard (default none)")
     max_dropped_share_option(parser, "training questions read")
@@ -589,7 +734,10 @@ def index_build(parser: argparse.ArgumentParser, served: bool = False) -> None:
     )
     if not served:
         parser.add_argument(
-            "--version", type=int, default=None, help="index version, >= 0 (default: one past the highest, or 0)"
+            "--version",
+            type=non_negative_int,
+            default=None,
+            help="index version, >= 0 (default: one past the highest, or 0)",
         )
         parser.add_argument(
             "--layout",
@@ -606,13 +754,16 @@ def index_build(parser: argparse.ArgumentParser, served: bool = False) -> None:
         )
     parser.add_argument(
         "--num-shards",
-        type=int,
+        type=positive_int,
         default=1,
         help="write an exact index as N files, one per process of a `train pretrain --shard-index` run (default 1)",
     )
     parser.add_argument("--batch-size", type=positive_int, default=128, help="blocks per forward pass, per process")
     parser.add_argument(
-        "--max-length", type=int, default=None, help="wordpieces per block (default 288, or what the embedder reads)"
+        "--max-length",
+        type=int_at_least(4),
+        default=None,
+        help="wordpieces per block (default 288, or what the embedder reads)",
     )
     parser.add_argument(
         "--dtype",
@@ -621,7 +772,9 @@ def index_build(parser: argparse.ArgumentParser, served: bool = False) -> None:
         help="autocast dtype (auto: bf16 on CUDA, fp32 on CPU)",
     )
     parser.add_argument("--device", default=None, help="default: the process's accelerate device")
-    parser.add_argument("--num-workers", type=int, default=None, help="input workers (default 2 on CUDA, 0 on CPU)")
+    parser.add_argument(
+        "--num-workers", type=non_negative_int, default=None, help="input workers (default 2 on CUDA, 0 on CPU)"
+    )
     parser.add_argument("--no-sort", action="store_true", help="batch in block order instead of by length")
     parser.add_argument(
         "--parent-pid",
@@ -683,7 +836,7 @@ def demo(parser: argparse.ArgumentParser) -> None:
     )
     user_corpus_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0: reachable from others)")
-    parser.add_argument("--port", type=positive_int, default=7860, help="port to serve on")
+    parser.add_argument("--port", type=port, default=7860, help="port to serve on")
     parser.add_argument("--share", action="store_true", help="also open a temporary public gradio.live link")
     parser.add_argument(
         "--num-retrieved",
@@ -754,8 +907,16 @@ __all__ = [
     "WARN_DROPPED_SHARE",
     "MAX_DROPPED_SHARE",
     "DEMO_NUM_RETRIEVED",
+    "MAX_SEED",
+    "int_at_least",
     "positive_int",
+    "non_negative_int",
+    "seed",
+    "port",
     "share",
+    "non_negative_float",
+    "finite_float",
+    "config_overrides",
     "max_dropped_share_option",
     "output_options",
     "index_param",

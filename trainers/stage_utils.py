@@ -5,6 +5,8 @@ module for these."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import functools
 import json
 import os
@@ -63,19 +65,47 @@ def google_training_arguments(args: argparse.Namespace, **arguments):
     return TrainingArguments(**{**shared, **arguments})
 
 
+# The fields that size a tower, named when a --config-overrides key is close to no field.
+SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "retriever_proj_size",
+               "max_position_embeddings", "vocab_size")  # fmt: skip
+
+
 def parse_config_overrides(text: str | None) -> dict:
     """ "hidden_size=64,num_hidden_layers=2,hidden_act=gelu" -> {"hidden_size": 64, ...} (values read as JSON when
-    they parse, else kept as strings)."""
+    they parse, else kept as strings). A ValueError names an item that is not key=value, a key given twice, and a key
+    that is no field of RealmConfig, with the closest field: a misspelt key would otherwise be stored in config.json
+    while the field it meant kept its default (a full-size model)."""
     overrides = {}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ValueError(f"config override {item!r} is not key=value")
+        if key in overrides:
+            raise ValueError(f"config override {key!r} is given twice")
+        check_config_field(key)
         try:
-            overrides[key.strip()] = json.loads(value)
+            overrides[key] = json.loads(value)
         except json.JSONDecodeError:
-            overrides[key.strip()] = value.strip()
+            overrides[key] = value.strip()
     return overrides
+
+
+def config_fields() -> set[str]:
+    """The fields a --config-overrides key may name: RealmConfig's (BERT's, REALM's and PreTrainedConfig's)."""
+    from openrealm import RealmConfig
+
+    return {field.name for field in dataclasses.fields(RealmConfig)} | set(RealmConfig().to_dict()) - {"model_type"}
+
+
+def check_config_field(key: str) -> None:
+    """A ValueError for a --config-overrides key that is no field of RealmConfig, naming the closest one."""
+    fields = config_fields()
+    if key in fields:
+        return
+    closest = difflib.get_close_matches(key, sorted(fields), n=1)
+    hint = f": did you mean {closest[0]}?" if closest else f" (the fields that size a model: {', '.join(SIZE_FIELDS)})"
+    raise ValueError(f"config override {key!r} is not a field of RealmConfig{hint}")
 
 
 def holding_output(run: Callable[..., int]) -> Callable[..., int]:
@@ -102,34 +132,40 @@ def prepare_output(
     earlier_run: Iterable[str] = ("checkpoint-*",),
     resumable: bool = True,
     kept: Iterable[str] = (),
-) -> None:
+) -> Callable[[], None]:
     """Refuse an OUTPUT that is, holds or lies inside one of `inputs` ((flag, path) pairs: the corpus, the model it
-    starts from...), and a non-empty OUTPUT (an earlier run's) unless resuming or overwriting; --overwrite removes the
-    entries of OUTPUT matching the `earlier_run` patterns (the old checkpoint-* folders, which Trainer's rotation would
-    otherwise count as this run's and `--resume-from-checkpoint last` would continue). The staging folders of
-    checkpoints a killed run left half-written are removed, and do not make OUTPUT non-empty. resumable: whether the
-    job takes --resume-from-checkpoint (the refusal suggests it). kept: names of entries that are no earlier run (e.g.
-    what `train pretrain --preflight` writes) and do not make OUTPUT non-empty either; --overwrite keeps them."""
+    starts from...), and a non-empty OUTPUT (an earlier run's) unless resuming or overwriting. Returns `clear`, which
+    the job calls once every option and input has been checked, just before it first writes (a refused run leaves
+    OUTPUT as it was): it removes the staging folders of checkpoints a killed run left half-written (which do not make
+    OUTPUT non-empty) and, with --overwrite, the entries of OUTPUT matching the `earlier_run` patterns (the old
+    checkpoint-* folders, which Trainer's rotation would otherwise count as this run's and `--resume-from-checkpoint
+    last` would continue). resumable: whether the job takes --resume-from-checkpoint (the refusal suggests it). kept:
+    names of entries that are no earlier run (e.g. what `train pretrain --preflight` writes) and do not make OUTPUT
+    non-empty either; --overwrite keeps them."""
     check_apart(output, inputs, "--output")
     path = Path(output)
     main = int(os.environ.get("RANK", "0")) == 0
-    if main:
-        remove_stale_staging(path)
     kept = set(kept)
-    if resume or not path.is_dir() or all(is_staging_leftover(p.name) or p.name in kept for p in path.iterdir()):
-        return
-    if not overwrite:
+    earlier = not resume and path.is_dir()
+    earlier = earlier and not all(is_staging_leftover(p.name) or p.name in kept for p in path.iterdir())
+    if earlier and not overwrite:
         resuming = " or --resume-from-checkpoint to continue" if resumable else ""
         raise FileExistsError(
             f"output folder {path} is not empty: pass --overwrite to replace it{resuming}, or choose another --output"
         )
-    if main:
-        for pattern in earlier_run:
+
+    def clear() -> None:
+        if not main:
+            return
+        remove_stale_staging(path)
+        for pattern in earlier_run if earlier else ():
             for entry in path.glob(pattern):
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)
                 else:
                     entry.unlink()
+
+    return clear
 
 
 # Seconds every rank sleeps (GIL released) before leaving the process group; see leave_process_group.

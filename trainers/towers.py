@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoConfig, set_seed
@@ -92,6 +93,35 @@ def _checkpoint_config(source: str, flag: str):
         raise FileNotFoundError(f"{flag} {source}: cannot read a model config ({error})") from error
 
 
+# The most parameters a tower may have: training holds 16 bytes a parameter (float32 weights, gradients and AdamW's two
+# moments) on each device, and 10 billion (160 GB) is more than the largest accelerator holds.
+MAX_TOWER_PARAMETERS = 10**10
+
+
+def tower_parameters(config) -> int:
+    """About how many parameters a BERT tower of `config` (a REALM or BERT config) has, computed from the config alone
+    so that a size is refused before anything is allocated: the embeddings, the layers' attention and feed-forward
+    matrices, the pooler and the MLM head's transform. Biases, LayerNorms and the embedder's own heads are left out,
+    so the count is low (by 30% at most for a tiny tower, far less for a large one), never high."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    rows = config.vocab_size + config.max_position_embeddings + getattr(config, "type_vocab_size", 2)
+    layers = config.num_hidden_layers * (4 * hidden * hidden + 2 * hidden * inner)
+    return rows * hidden + layers + 2 * hidden * hidden
+
+
+def check_tower_size(config, name: str) -> None:
+    """A ValueError naming `name` (e.g. "--init random with --config-overrides ...") when a tower of `config` has more
+    than MAX_TOWER_PARAMETERS parameters: no machine trains it, and allocating it fails with a traceback or swaps."""
+    count = tower_parameters(config)
+    if count > MAX_TOWER_PARAMETERS:
+        raise ValueError(
+            f"{name}: a tower of hidden_size {config.hidden_size}, {config.num_hidden_layers} layers, "
+            f"intermediate_size {config.intermediate_size} and {config.vocab_size} wordpieces has about {count:.2g} "
+            f"parameters, more than the {MAX_TOWER_PARAMETERS / 1e9:g} billion that training fits on one device (16 "
+            f"bytes each: {16 * MAX_TOWER_PARAMETERS / 1e9:g} GB): give smaller sizes"
+        )
+
+
 def _random_config(tokenizer, config_overrides: dict) -> RealmConfig:
     if tokenizer is None:
         raise ValueError("a random tower needs the tokenizer (its vocabulary size and padding id)")
@@ -99,6 +129,12 @@ def _random_config(tokenizer, config_overrides: dict) -> RealmConfig:
     overrides.setdefault("vocab_size", len(tokenizer))
     overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
     return RealmConfig(**overrides)
+
+
+def _checked_size(config, overrides: dict, source: str, flag: str) -> None:
+    """check_tower_size of the tower built from `config` (a random tower's, or a checkpoint's) with `overrides`."""
+    given = f" with --config-overrides {','.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
+    check_tower_size(SimpleNamespace(**{**config.to_dict(), **overrides}), f"{flag} {source}{given}")
 
 
 def _load_inner(cls, source: str, prefix: str, **kwargs):
@@ -126,8 +162,11 @@ def load_embedder(
     set_seed(seed)
     source = os.fspath(source)
     if source == "random":
-        return RealmEmbedder(_random_config(tokenizer, overrides))
+        config = _random_config(tokenizer, overrides)
+        _checked_size(config, overrides, source, flag)
+        return RealmEmbedder(config)
     config = _checkpoint_config(source, flag)
+    _checked_size(config, overrides, source, flag)
     kwargs.setdefault("attn_implementation", "sdpa")
     if config.model_type == "bert":
         return RealmEmbedder.from_bert_pretrained(source, **overrides, **kwargs)
@@ -191,8 +230,11 @@ def load_encoder(
     set_seed(seed)
     source = os.fspath(source)
     if source == "random":
-        return RealmKnowledgeAugEncoder(_random_config(tokenizer, overrides))
+        config = _random_config(tokenizer, overrides)
+        _checked_size(config, overrides, source, flag)
+        return RealmKnowledgeAugEncoder(config)
     config = _checkpoint_config(source, flag)
+    _checked_size(config, overrides, source, flag)
     if config.model_type == "bert":
         encoder = RealmKnowledgeAugEncoder.from_bert_pretrained(source, **overrides, **kwargs)
         if warn_untrained_head and any(key.startswith(MLM_HEAD) for key in getattr(encoder, "started_fresh_keys", ())):

@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from helpers import model_copy, one_error_line, write_config
+from helpers import model_copy, one_error_line, refused_argument, write_config
 
 from openrealm import RealmTokenizer
 from openrealm.trainers.cli import main
@@ -118,3 +118,9 @@ def test_ask_prints_the_terminal_escapes_of_a_corpus_as_text(saved_model, tmp_pa
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out
     assert "[\\x1b]0;owned\\x07title " in out and "\\x0d] retrieval score" in out
+
+
+@pytest.mark.parametrize("flag", ["--top-k", "--num-blocks"])
+def test_ask_refuses_a_count_below_one_naming_the_flag_before_the_model_loads(capsys, flag):
+    line = refused_argument(["ask", "--model", "M", flag, "0", "q"], capsys)
+    assert line == f"openrealm ask: error: argument {flag}: must be a positive integer (at least 1), got 0"

@@ -75,3 +75,16 @@ def test_a_full_disk_while_a_results_file_is_written_names_the_file(tmp_path, mo
     with pytest.raises(FullDiskError, match=r"No space left on the device holding .*r\.json while writing it"):
         write_text_atomic(tmp_path / "r.json", "{}")
     assert os.listdir(tmp_path) == []
+
+
+def test_an_allocation_this_machine_cannot_hold_fails_in_one_line_with_exit_1(tmp_path, capsys, monkeypatch):
+    def allocating(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 98353152 bytes.")
+
+    monkeypatch.setattr("openrealm.convert_legacy_folder", allocating)
+    (tmp_path / "src").mkdir()
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out")]) == 1
+    assert one_error_line(capsys) == (
+        "openrealm: error: out of memory: DefaultCPUAllocator: can't allocate memory: you tried to allocate 98353152 "
+        "bytes."
+    )

@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from helpers import NILE_ARTICLE, full_disk, one_error_line, write_lines
+from helpers import NILE_ARTICLE, full_disk, one_error_line, refused_argument, write_lines
 
 from openrealm.tokenization import articles, corpus
 from openrealm.tokenization.corpus import build_corpus
@@ -161,3 +161,19 @@ def test_a_full_disk_during_corpus_build_names_the_output_not_the_input_and_leav
         build_corpus(source, output, tokenizer)
     assert "a.jsonl" not in str(caught.value)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a.jsonl"]  # not even the parent folder "new"
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--max-block-length 3", "must be an integer of at least 4, got 3"),
+        ("--num-proc 0", "must be a positive integer (at least 1), got 0"),
+        ("--batch-size -5", "must be a positive integer (at least 1), got -5"),
+    ],
+    ids=["max-block-length", "num-proc", "batch-size"],
+)
+def test_corpus_build_option_out_of_its_range_is_refused_naming_it(tmp_path, capsys, option, message):
+    argv = corpus_build_argv("--input", "a.jsonl", "--tokenizer", "tok", "--output", str(tmp_path / "out"))
+    line = refused_argument([*argv, *option.split()], capsys)
+    assert line == f"openrealm corpus build: error: argument {option.split()[0]}: {message}"
+    assert not (tmp_path / "out").exists()

@@ -6,7 +6,7 @@ import os
 import shutil
 
 import pytest
-from helpers import NILE_ARTICLE, fixture_folder, one_error_line, write_lines
+from helpers import NILE_ARTICLE, fixture_folder, one_error_line, refused_argument, write_lines
 
 from openrealm.tokenization.corpus import build_corpus
 from openrealm.trainers.cli import main
@@ -79,4 +79,22 @@ def test_index_build_names_a_damaged_corpus_tokenizer_file(tmp_path, capsys):
     assert one_error_line(capsys).startswith(
         f"openrealm: error: {tmp_path / 'corpus' / 'tokenizer.json'} is not a tokenizer file: EOF while parsing"
     )
+    assert not (tmp_path / "i").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--max-length 0", "must be an integer of at least 4, got 0"),
+        ("--version -1", "must be a non-negative integer (0 or more), got -1"),
+        ("--keep 0", "must be a positive integer (at least 1), got 0"),
+        ("--num-shards 0", "must be a positive integer (at least 1), got 0"),
+        ("--num-workers -1", "must be a non-negative integer (0 or more), got -1"),
+    ],
+    ids=["max-length", "version", "keep", "num-shards", "num-workers"],
+)
+def test_an_index_build_option_out_of_its_range_is_refused_naming_it(tmp_path, capsys, option, message):
+    argv = ["index", "build", "--embedder", "E", "--corpus", "C", "--output", str(tmp_path / "i"), *option.split()]
+    line = refused_argument(argv, capsys)
+    assert line == f"openrealm index build: error: argument {option.split()[0]}: {message}"
     assert not (tmp_path / "i").exists()

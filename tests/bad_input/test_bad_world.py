@@ -1,10 +1,11 @@
 """`openrealm world` with bad input: `--overwrite` replaces only a world and a vocabulary that `world` wrote, never a
-corpus, a model or a folder of notes given as --output or --tokenizer-output; a refusal writes nothing."""
+corpus, a model or a folder of notes given as --output or --tokenizer-output; sizes, seeds and a vocabulary too small
+for the world's characters are refused before either folder is written; a refusal writes nothing."""
 
 import os
 
 import pytest
-from helpers import one_error_line
+from helpers import one_error_line, refused_argument
 
 from openrealm.trainers.cli import main
 
@@ -74,9 +75,42 @@ def test_world_overwrite_replaces_the_world_and_vocabulary_it_wrote(tmp_path, ca
     assert (tmp_path / "tok" / "vocab.txt").is_file()
 
 
-@pytest.mark.parametrize("vocab_size", ["5", "30"])
-def test_world_with_a_vocab_size_too_small_writes_neither_output(tmp_path, capsys, vocab_size):
-    argv = world_argv(tmp_path / "w", "--tokenizer-output", str(tmp_path / "tok"), "--vocab-size", vocab_size)
-    assert main(argv) == 2
-    assert "vocab_size" in one_error_line(capsys)
-    assert os.listdir(tmp_path) == []
+def world_and_vocab_argv(tmp_path, *extra: str) -> list[str]:
+    return [
+        "world",
+        "--output",
+        str(tmp_path / "w"),
+        *SMALL_WORLD,
+        "--tokenizer-output",
+        str(tmp_path / "tok"),
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--num-people 0", "must be a positive integer (at least 1), got 0"),
+        ("--mentions-per-person -1", "must be a non-negative integer (0 or more), got -1"),
+        ("--seed -1", "must be an integer from 0 to 2147483647, got -1"),
+        ("--vocab-size 0", "must be a positive integer (at least 1), got 0"),
+    ],
+    ids=["num-people", "mentions-per-person", "seed", "vocab-size"],
+)
+def test_a_world_option_out_of_its_range_is_refused_naming_it(tmp_path, capsys, option, message):
+    line = refused_argument(world_and_vocab_argv(tmp_path, *option.split()), capsys)
+    assert line == f"openrealm world: error: argument {option.split()[0]}: {message}"
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_vocabulary_too_small_for_the_worlds_characters_is_refused_before_the_world_is_written(tmp_path, capsys):
+    assert main(world_and_vocab_argv(tmp_path, "--vocab-size", "10")) == 2
+    assert one_error_line(capsys) == (
+        "openrealm: error: vocab_size 10 is too small: the special tokens and the characters of the texts alone take "
+        "77 entries"
+    )
+    assert not (tmp_path / "w").exists() and not (tmp_path / "tok").exists()
+    assert (
+        main(world_and_vocab_argv(tmp_path, "--vocab-size", "400")) == 0
+    )  # nothing was written: the corrected run works
+    assert (tmp_path / "tok" / "vocab.txt").read_text().count("\n") == 400

@@ -33,6 +33,8 @@ from openrealm.trainers.stage_utils import (
 )
 from openrealm.trainers.towers import check_tokenizer, fit_length, load_embedder, save_tower
 
+RECALL_K = 5  # --eval-queries: recall@5 of a sentence's own block
+
 
 @holding_output
 def run(args: argparse.Namespace) -> int:
@@ -40,8 +42,13 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     inputs = [("--corpus", args.corpus), ("--init", args.init), ("--tokenizer", args.tokenizer)]
-    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
+    clear_output = prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
     blocks = load_blocks(args.corpus).select_columns(list(CORPUS_COLUMNS))
+    if args.eval_queries and len(blocks) < RECALL_K:
+        raise ValueError(
+            f"--eval-queries measures recall@{RECALL_K} over the corpus, but {args.corpus} has {len(blocks)} blocks: "
+            "pass --eval-queries 0, or use a larger corpus"
+        )
     # Before the model loads: a corpus of one-sentence blocks trains (nearly) nothing at Google's mask rate.
     refusal, warning = check_dropped(
         *expected_dropped(blocks, args.mask_rate),
@@ -61,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         )
     trainer = build_trainer(args, embedder, tokenizer, blocks)
     resume = resolve_resume(args.resume_from_checkpoint, args.output)
+    clear_output()  # every check passed: --overwrite removes the earlier run's checkpoints now
     result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     if result.training_loss == 0.0:  # the same on every process (Trainer averages the logged loss over them)
         return refuse(trainer.accelerator.state, trained_nothing(args, blocks, trainer.state.global_step))
@@ -73,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                 blocks,
                 tokenizer,
                 args.eval_queries,
-                k=5,
+                k=RECALL_K,
                 seed=args.seed,
                 query_seq_len=args.query_seq_len,
                 block_seq_len=args.block_seq_len,

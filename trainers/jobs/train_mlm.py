@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     inputs = [("--corpus", args.corpus), ("--init", args.init), ("--tokenizer", args.tokenizer)]
-    prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
+    clear_output = prepare_output(args.output, args.overwrite, args.resume_from_checkpoint is not None, inputs)
     blocks = load_corpus(args.corpus).select_columns(["block_id", "title_ids", "token_ids"])
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
     encoder = load_encoder(
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     model.to(trainer.args.device)
     before = evaluate(model, held_out) if held_out else None
     resume = resolve_resume(args.resume_from_checkpoint, args.output)
+    clear_output()  # every check passed: --overwrite removes the earlier run's checkpoints now
     result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     if trainer.is_world_process_zero():
         model = trainer.accelerator.unwrap_model(trainer.model)

@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -44,7 +43,6 @@ from openrealm.trainers.pretraining import (
     RealmPretrainingModel,
 )
 from openrealm.trainers.pretraining.builder import snapshot_embedder
-from openrealm.trainers.pretraining.evaluation import held_out_query_blocks
 from openrealm.trainers.pretraining.examples import COUNTERS
 from openrealm.trainers.pretraining.preparation import (
     ROWS_READ,
@@ -52,6 +50,7 @@ from openrealm.trainers.pretraining.preparation import (
     distributed_state,
     drop_causes,
     fit_sequence_lengths,
+    held_out_blocks,
     index_shards,
     initial_index,
     run_drops,
@@ -245,8 +244,19 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
 
         return run_preflight(args)
     resuming = getattr(args, "resume_from_checkpoint", None) is not None
+    lag = getattr(args, "refresh_lag", None)
+    try:  # before anything is checked on disk, loaded or built
+        check_refresh_settings(args.refresh_mode, args.refresh_every, lag)
+    except ValueError as error:
+        raise ValueError(f"{error} (--refresh-mode, --refresh-every, --refresh-lag)") from None
+    entropy = getattr(args, "initial_prior_entropy", None)
+    if entropy is not None and not 0.0 < entropy < math.log(args.num_candidates):
+        raise ValueError(
+            f"--initial-prior-entropy {entropy} must lie between 0 and log K = {math.log(args.num_candidates):.3f} "
+            f"nats (K = --num-candidates {args.num_candidates})"
+        )
     # before anything loads: an output apart from the inputs, holding no earlier run unless resumed or overwritten
-    prepare_output(
+    clear_output = prepare_output(
         args.output, getattr(args, "overwrite", False), resuming, run_inputs(args), EARLIER_RUN, kept=PREFLIGHT_ENTRIES
     )
     check_apart(args.index_root or Path(args.output) / "index", run_inputs(args), "--index-root")
@@ -255,26 +265,18 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             f"--index-root {args.index_root} already holds index versions of another run, which this run's would "
             "collide with: choose an empty --index-root, or pass --resume-from-checkpoint to continue that run"
         )
-    lag = getattr(args, "refresh_lag", None)
-    try:  # before any index is built
-        check_refresh_settings(args.refresh_mode, args.refresh_every, lag)
-    except ValueError as error:
-        print(f"openrealm: error: {error} (--refresh-mode, --refresh-every, --refresh-lag)", file=sys.stderr)
-        return 2
-    entropy = getattr(args, "initial_prior_entropy", None)
-    if entropy is not None and not 0.0 < entropy < math.log(args.num_candidates):
-        print(
-            f"openrealm: error: --initial-prior-entropy {entropy} must lie between 0 and log K = "
-            f"{math.log(args.num_candidates):.3f} nats (K = --num-candidates {args.num_candidates})",
-            file=sys.stderr,
-        )
-        return 2
     state = distributed_state()
     world = state.num_processes
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.corpus)
     blocks = load_corpus(args.corpus)  # memory-mapped Arrow: the ranks share its pages
     # Before any model is loaded or index built, every rank deciding alike: runs that would drop (nearly) everything.
     refusal, _ = check_corpus(args, blocks, state.is_main_process)
+    num_queries = len(training_queries(blocks, args)) if refusal is None else 0
+    if refusal is None and num_queries < args.batch_size * world:  # whole batches only: none would be drawn
+        refusal = (
+            f"corpus {args.corpus} gives {num_queries} training queries (its blocks less those removed and held out), "
+            f"fewer than one global batch ({args.batch_size} x {world} processes): lower --batch-size"
+        )
     if refusal is not None:
         return refuse(state, refusal)
     max_share = getattr(args, "max_dropped_share", MAX_DROPPED_SHARE)
@@ -284,6 +286,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
     fit_sequence_lengths(args, embedder, encoder, tokenizer)
     state.wait_for_everyone()
     checkpoint = resolve_resume(getattr(args, "resume_from_checkpoint", None), args.output, CHECKPOINT_FILES)
+    clear_output()  # every check passed: --overwrite removes the earlier run now, before index v0 is written
     if checkpoint is None:
         index_root = Path(args.index_root or Path(args.output) / "index")
         index = initial_index(args, embedder, index_root, accelerator=state if world > 1 else None)
@@ -325,7 +328,7 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             "freeze_retriever_steps": getattr(args, "freeze_retriever_steps", 0),
             "gradient_accumulation_steps": getattr(args, "gradient_accumulation_steps", 1),
             "initial_prior": trainer.initial_prior,
-            "held_out_query_blocks": held_out_query_blocks(blocks, getattr(args, "hold_out_queries", 0), args.seed),
+            "held_out_query_blocks": held_out_blocks(blocks, args),
             "seed": args.seed,
             "num_blocks": len(blocks),
             "resumed_from": str(checkpoint) if checkpoint is not None else None,

@@ -28,20 +28,21 @@ def run(args: argparse.Namespace) -> int:
         questions_per_fact=args.questions_per_fact,
         mentions_per_person=args.mentions_per_person,
     )
-    tokenizer = None
-    if args.tokenizer_output:  # first: its refusals (a vocab_size too small for the texts) come before any write
-        from openrealm.tokenization.vocab import train_wordpiece_vocab
+    vocab = None
+    if args.tokenizer_output:  # trained before anything is written: a --vocab-size too small is refused first
+        from openrealm.tokenization.vocab import wordpiece_vocab
 
-        tokenizer = train_wordpiece_vocab(
-            world.texts(), args.tokenizer_output, vocab_size=args.vocab_size, overwrite=args.overwrite
-        )
+        vocab = wordpiece_vocab(world.texts(), args.vocab_size)
     path = world.write(args.output, overwrite=args.overwrite)
     config = world.config
     print(
         f"{path}: {config['num_entities']} entities, {config['num_facts']} facts, {config['num_articles']} articles, "
         f"{config['num_sentences']} sentences, questions {config['num_questions']}"
     )
-    if tokenizer is not None:
+    if args.tokenizer_output:
+        from openrealm.tokenization.vocab import save_wordpiece_vocab
+
+        tokenizer = save_wordpiece_vocab(vocab, args.tokenizer_output, overwrite=args.overwrite)
         print(f"{args.tokenizer_output}: WordPiece vocabulary of {len(tokenizer)} tokens")
     return 0
 

@@ -42,10 +42,11 @@ RECALL_K = 8
 QUERY_KEYS = ("query_input_ids", "query_attention_mask", "labels", "block_id")
 
 
-def held_out_query_blocks(blocks, num_blocks: int, seed: int = 0) -> list[int]:
+def held_out_query_blocks(blocks, num_blocks: int, seed: int = 0, removed: Sequence[int] = ()) -> list[int]:
     """`num_blocks` block ids drawn (seeded) among the blocks with a salient span, ascending: blocks whose sentences
     pre-training never uses as queries (`train pretrain --hold-out-queries`) while they stay retrievable, so that
-    `fixed_masked_queries(..., block_ids=...)` scores the retriever on queries it never trained on."""
+    `fixed_masked_queries(..., block_ids=...)` scores the retriever on queries it never trained on. removed: the ids
+    `corpus remove` removed (never retrievable), which are not drawn."""
     if num_blocks < 0:
         raise ValueError(f"the number of held-out query blocks must be >= 0, got {num_blocks}")
     starts = blocks.with_format("arrow")["span_char_starts"] if hasattr(blocks, "with_format") else None
@@ -55,6 +56,8 @@ def held_out_query_blocks(blocks, num_blocks: int, seed: int = 0) -> list[int]:
         with_spans = np.flatnonzero(pc.greater(pc.list_value_length(starts), 0).to_numpy(zero_copy_only=False))
     else:
         with_spans = np.asarray([i for i, row in enumerate(blocks) if len(row["span_char_starts"])], dtype=np.int64)
+    if len(removed):
+        with_spans = np.setdiff1d(with_spans, np.asarray(removed, dtype=np.int64))
     if num_blocks > len(with_spans):
         raise ValueError(
             f"{num_blocks} held-out query blocks asked for, but only {len(with_spans)} have a salient span"

@@ -39,7 +39,6 @@ from openrealm.trainers.pretraining import (
 )
 from openrealm.trainers.pretraining.evaluation import (
     fixed_masked_queries,
-    held_out_query_blocks,
     query_rows,
     recall_at_k,
 )
@@ -445,6 +444,7 @@ def run_preflight(args: argparse.Namespace) -> int:
     from openrealm.trainers.pretraining.preparation import (
         check_corpus,
         fit_sequence_lengths,
+        held_out_blocks,
         initial_index,
         run_inputs,
     )
@@ -458,7 +458,7 @@ def run_preflight(args: argparse.Namespace) -> int:
     if refusal is not None:
         raise ValueError(refusal)
     hold_out = args.hold_out_queries or default_hold_out(blocks)
-    held_out = held_out_query_blocks(blocks, hold_out, args.seed)  # the oracle run's: its seed, its N
+    held_out = held_out_blocks(blocks, args, hold_out)  # the oracle run's: its seed, its N
     overrides = parse_config_overrides(args.config_overrides)
     embedder = load_embedder(args.embedder, tokenizer, overrides, args.seed, "--embedder")
     encoder = load_encoder(args.encoder, tokenizer, overrides, args.seed, "--encoder")

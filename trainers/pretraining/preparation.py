@@ -180,30 +180,53 @@ def check_corpus(args: argparse.Namespace, blocks, main_process: bool = True) ->
     """(why pre-training cannot start on this corpus, or None; the number of duplicate blocks it holds): with
     `--spans salient`, no block with a salient span (`salient_span_refusal`) or more than --max-dropped-share without
     one; fewer distinct searchable blocks than --num-candidates (`distinct_blocks_refusal`). The main process prints
-    how many blocks have a span and warns of duplicate blocks. Decided alike on every rank."""
+    how many blocks have a span and warns of duplicate blocks. --hold-out-queries N is drawn among the blocks with a
+    span (training_queries); a run that trains (not --preflight, which only measures) must keep one of them, and the
+    rows it holds out are no rows read. Decided alike on every rank."""
+    held_out = getattr(args, "hold_out_queries", 0)
+    trained = 0 if getattr(args, "preflight", False) else held_out  # held-out blocks a training run leaves out
+    removed = read_removed_block_ids(args.corpus)
+    live = live_blocks(blocks, removed)  # the rows that give queries: `corpus remove` took the others out
+    with_spans = count_blocks_with_spans(live) if args.spans == "salient" or held_out else 0
+    if held_out > with_spans:
+        return (
+            f"--hold-out-queries {held_out} asks for more held-out query blocks than the {with_spans:,} blocks of "
+            f"{args.corpus} with a salient span (they are drawn among those): lower it"
+        ), 0
     if args.spans == "salient":
-        with_spans = count_blocks_with_spans(blocks)
-        refusal = salient_span_refusal(with_spans, len(blocks), args.corpus)
+        refusal = salient_span_refusal(with_spans, len(live), args.corpus)
+        if refusal is None and trained == with_spans:
+            refusal = (
+                f"--hold-out-queries {held_out} holds out every block of {args.corpus} with a salient span, and "
+                "--spans salient masks salient spans only: no query would train; lower it"
+            )
         if refusal is None:  # the rows without a span are dropped whatever is retrieved
-            without = {"num_skipped_no_valid_spans": len(blocks) - with_spans}
+            without = {"num_skipped_no_valid_spans": len(live) - with_spans}
             max_share = getattr(args, "max_dropped_share", MAX_DROPPED_SHARE)
-            refusal, _ = check_dropped(len(blocks), without, drop_causes(QUERY_SEQ_LEN), max_share, "corpus rows")
+            rows = len(live) - trained  # the rows that give training queries
+            refusal, _ = check_dropped(rows, without, drop_causes(QUERY_SEQ_LEN), max_share, "corpus rows")
         if refusal is not None:
             return refusal, 0
-        if with_spans < len(blocks) and main_process:
+        if with_spans < len(live) and main_process:
             print(
-                f"REALM pre-training: {with_spans:,} of {len(blocks):,} blocks have a salient span; the queries of "
+                f"REALM pre-training: {with_spans:,} of {len(live):,} blocks have a salient span; the queries of "
                 "the others are dropped (num_skipped_no_valid_spans in the logs)"
             )
-    removed = read_removed_block_ids(args.corpus)
     num_duplicates = count_duplicate_blocks(blocks.with_format("arrow")["uid"], removed)
-    refusal = distinct_blocks_refusal(len(blocks) - len(removed), num_duplicates, args.num_candidates, args.corpus)
+    refusal = distinct_blocks_refusal(len(live), num_duplicates, args.num_candidates, args.corpus)
     if refusal is not None:
         return refusal, num_duplicates
     if num_duplicates and main_process:
-        warning = duplicates_warning(num_duplicates, len(blocks) - len(removed))
+        warning = duplicates_warning(num_duplicates, len(live))
         print(f"REALM pre-training: warning: {warning} (num_dropped_duplicate_uids in the logs)", file=sys.stderr)
     return None, num_duplicates
+
+
+def live_blocks(blocks, removed: np.ndarray):
+    """The rows of `blocks` that `corpus remove` did not remove (`removed`: their ids, the row numbers)."""
+    if not len(removed):
+        return blocks
+    return blocks.select(np.setdiff1d(np.arange(len(blocks)), removed))
 
 
 def run_drops(totals) -> tuple[int, dict[str, int]]:
@@ -211,13 +234,20 @@ def run_drops(totals) -> tuple[int, dict[str, int]]:
     return totals["num_examples"] + dropped_examples(totals), {name: totals[name] for name in DROP_COUNTERS}
 
 
+def held_out_blocks(blocks, args: argparse.Namespace, num_blocks: int | None = None) -> list[int]:
+    """The run's held-out query blocks: held_out_query_blocks of its seed among the blocks `corpus remove` left, N =
+    --hold-out-queries unless given."""
+    num_blocks = getattr(args, "hold_out_queries", 0) if num_blocks is None else num_blocks
+    return held_out_query_blocks(blocks, num_blocks, args.seed, read_removed_block_ids(args.corpus))
+
+
 def training_queries(blocks, args: argparse.Namespace):
-    """The corpus rows that give training queries: every block, less the --hold-out-queries ones (held_out_query_blocks
-    of the run's seed), which stay in the index as candidates."""
-    held_out = held_out_query_blocks(blocks, getattr(args, "hold_out_queries", 0), args.seed)
-    if not held_out:
+    """The corpus rows that give training queries: every block, less those `corpus remove` removed (never trained on,
+    as never retrieved) and the --hold-out-queries ones (held_out_blocks), which stay in the index as candidates."""
+    left_out = np.union1d(read_removed_block_ids(args.corpus), held_out_blocks(blocks, args))
+    if not len(left_out):
         return blocks
-    return blocks.select(np.setdiff1d(np.arange(len(blocks)), held_out))
+    return blocks.select(np.setdiff1d(np.arange(len(blocks)), left_out))
 
 
 def run_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
@@ -238,8 +268,10 @@ __all__ = [
     "drop_causes",
     "dropped_examples",
     "fit_sequence_lengths",
+    "held_out_blocks",
     "index_shards",
     "initial_index",
+    "live_blocks",
     "run_drops",
     "run_inputs",
     "runs_on_cpu_processes",
