@@ -225,10 +225,8 @@ def test_fine_tuning_trains_query_tower_and_reader_but_not_the_block_embeddings(
 def test_the_beams_recorded_count_only_the_blocks_left_after_a_removal(tmp_path):
     model = make_openqa_model(seed=2)
     model.retriever.remove_blocks([0, 1, 2])  # 3 of the 6 blocks are left to search
-    summary = finetune_openqa(
-        model, FIXTURE_ROWS, output_dir=tmp_path, max_steps=1, batch_size=2, progress=False, save=False,
-        max_dropped_share=1.0,
-    )  # fmt: skip
+    args = openqa_training_arguments(tmp_path, 1, per_device_train_batch_size=2, disable_tqdm=True)
+    summary = finetune_openqa(model, FIXTURE_ROWS, None, args, OpenQAArguments(max_dropped_share=1.0), save=False)
     assert summary["searcher_beam_size"] == 3
     assert (summary["reader_beam_size_train"], summary["reader_beam_size_eval"]) == (3, 3)
 
