@@ -55,16 +55,21 @@ MAX_SEED = 2**31 - 1
 NAMED_MINIMUMS = {0: ("a non-negative integer", "0 or more"), 1: ("a positive integer", "at least 1")}
 
 
+def _number(text: str, kind: type, expected: str):
+    """`text` read as `kind` (int or float), or the argparse error "expected EXPECTED, got 'TEXT'"."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """argparse type of an integer of at least `minimum` (a count, a length); "1.5", "nan" and "" are refused, never
     rounded. The message names the minimum: "must be a positive integer (at least 1), got 0"."""
     name, bound = NAMED_MINIMUMS.get(minimum, (f"an integer of at least {minimum}", None))
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
+        value = _number(text, int, name)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be {name}{f' ({bound})' if bound else ''}, got {value}")
         return value
@@ -79,10 +84,7 @@ non_negative_int = int_at_least(0)  # a count where 0 means none (checkpoint per
 
 def seed(text: str) -> int:
     """argparse type of a random seed: an integer from 0 to MAX_SEED (numpy and transformers refuse negative ones)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    value = _number(text, int, "an integer seed")
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEED}, got {value}")
     return value
@@ -90,10 +92,7 @@ def seed(text: str) -> int:
 
 def port(text: str) -> int:
     """argparse type of a TCP port: 1 to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    value = _number(text, int, "a port number")
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {value}")
     return value
@@ -101,10 +100,7 @@ def port(text: str) -> int:
 
 def share(text: str) -> float:
     """argparse type of a share or a probability: a number from 0 to 1 (nan and inf are refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    value = _number(text, float, "a number from 0 to 1")
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {value:g}")
     return value
@@ -113,10 +109,7 @@ def share(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """argparse type of a learning rate: a finite number of at least 0 (nan and inf would train garbage; 0 keeps the
     weights, a diagnostic)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text, float, "a number")
     if not 0.0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {value:g}")
     return value
@@ -124,10 +117,7 @@ def non_negative_float(text: str) -> float:
 
 def finite_float(text: str) -> float:
     """argparse type of a number that must be finite (nan and inf are refused); its range is the job's to check."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text, float, "a number")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {value:g}")
     return value
