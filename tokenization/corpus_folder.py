@@ -195,6 +195,14 @@ def read_removed_block_ids(directory: str | os.PathLike) -> np.ndarray:
     return ids
 
 
+def without_rows(blocks, ids):
+    """`blocks` (a Dataset) less the rows `ids` (e.g. read_removed_block_ids: the blocks `corpus remove` removed,
+    whose rows stay in the corpus); `blocks` itself when there are none."""
+    if not len(ids):
+        return blocks
+    return blocks.select(np.setdiff1d(np.arange(len(blocks)), ids))
+
+
 def write_removed_block_ids(path: str | os.PathLike, ids: np.ndarray) -> None:
     """Write removed block ids (sorted, unique int64) as safetensors."""
     from safetensors.numpy import save_file
@@ -347,6 +355,7 @@ __all__ = [
     "save_blocks",
     "token_id_range",
     "write_block_records",
+    "without_rows",
     "write_removed_block_ids",
     "written_by_build",
 ]

@@ -32,7 +32,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from openrealm import RealmConfig, RealmEmbedder, RealmPreTrainedModel
-from openrealm.tokenization.corpus_folder import load_corpus, read_removed_block_ids
+from openrealm.tokenization.corpus_folder import load_corpus, read_removed_block_ids, without_rows
 from openrealm.tokenization.retriever_inputs import block_retriever_inputs
 from openrealm.trainers.checkpoints import (
     StagedCheckpointTrainer,
@@ -312,9 +312,8 @@ def load_blocks(corpus):
     if isinstance(corpus, datasets.Dataset):
         blocks = corpus
     else:
-        blocks, removed = load_corpus(corpus), read_removed_block_ids(corpus)
-        if len(removed):
-            blocks = blocks.select(np.setdiff1d(np.arange(len(blocks)), removed))
+        removed = read_removed_block_ids(corpus)
+        blocks = without_rows(load_corpus(corpus), removed)
     missing = [name for name in CORPUS_COLUMNS if name not in blocks.column_names]
     if missing:
         raise ValueError(f"corpus {corpus} lacks the column(s) {missing} (has {blocks.column_names})")

@@ -91,11 +91,13 @@ def parse_config_overrides(text: str | None) -> dict:
     return overrides
 
 
-def config_fields() -> set[str]:
+@functools.cache
+def config_fields() -> frozenset[str]:
     """The fields a --config-overrides key may name: RealmConfig's (BERT's, REALM's and PreTrainedConfig's)."""
     from openrealm import RealmConfig
 
-    return {field.name for field in dataclasses.fields(RealmConfig)} | set(RealmConfig().to_dict()) - {"model_type"}
+    fields = {field.name for field in dataclasses.fields(RealmConfig)}
+    return frozenset(fields | (set(RealmConfig().to_dict()) - {"model_type"}))
 
 
 def check_config_field(key: str) -> None:

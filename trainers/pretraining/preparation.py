@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from openrealm.tokenization.corpus_folder import read_corpus_config, read_removed_block_ids
+from openrealm.tokenization.corpus_folder import read_corpus_config, read_removed_block_ids, without_rows
 from openrealm.tokenization.duplicates import count_duplicate_blocks, duplicates_warning
 from openrealm.tokenization.masking import SKIP_REASONS
 from openrealm.trainers.dropped import check_dropped
@@ -186,7 +186,7 @@ def check_corpus(args: argparse.Namespace, blocks, main_process: bool = True) ->
     held_out = getattr(args, "hold_out_queries", 0)
     trained = 0 if getattr(args, "preflight", False) else held_out  # held-out blocks a training run leaves out
     removed = read_removed_block_ids(args.corpus)
-    live = live_blocks(blocks, removed)  # the rows that give queries: `corpus remove` took the others out
+    live = without_rows(blocks, removed)  # the rows that give queries: `corpus remove` took the others out
     with_spans = count_blocks_with_spans(live) if args.spans == "salient" or held_out else 0
     if held_out > with_spans:
         return (
@@ -222,32 +222,26 @@ def check_corpus(args: argparse.Namespace, blocks, main_process: bool = True) ->
     return None, num_duplicates
 
 
-def live_blocks(blocks, removed: np.ndarray):
-    """The rows of `blocks` that `corpus remove` did not remove (`removed`: their ids, the row numbers)."""
-    if not len(removed):
-        return blocks
-    return blocks.select(np.setdiff1d(np.arange(len(blocks)), removed))
-
-
 def run_drops(totals) -> tuple[int, dict[str, int]]:
     """(corpus rows read, those that gave no example by cause) of a run's totals (run_totals)."""
     return totals["num_examples"] + dropped_examples(totals), {name: totals[name] for name in DROP_COUNTERS}
 
 
-def held_out_blocks(blocks, args: argparse.Namespace, num_blocks: int | None = None) -> list[int]:
-    """The run's held-out query blocks: held_out_query_blocks of its seed among the blocks `corpus remove` left, N =
-    --hold-out-queries unless given."""
+def held_out_blocks(
+    blocks, args: argparse.Namespace, num_blocks: int | None = None, removed: np.ndarray | None = None
+) -> list[int]:
+    """The run's held-out query blocks: held_out_query_blocks of its seed among the blocks `corpus remove` left
+    (`removed`: read from the corpus unless given), N = --hold-out-queries unless given."""
     num_blocks = getattr(args, "hold_out_queries", 0) if num_blocks is None else num_blocks
-    return held_out_query_blocks(blocks, num_blocks, args.seed, read_removed_block_ids(args.corpus))
+    removed = read_removed_block_ids(args.corpus) if removed is None else removed
+    return held_out_query_blocks(blocks, num_blocks, args.seed, removed)
 
 
 def training_queries(blocks, args: argparse.Namespace):
     """The corpus rows that give training queries: every block, less those `corpus remove` removed (never trained on,
     as never retrieved) and the --hold-out-queries ones (held_out_blocks), which stay in the index as candidates."""
-    left_out = np.union1d(read_removed_block_ids(args.corpus), held_out_blocks(blocks, args))
-    if not len(left_out):
-        return blocks
-    return blocks.select(np.setdiff1d(np.arange(len(blocks)), left_out))
+    removed = read_removed_block_ids(args.corpus)
+    return without_rows(blocks, np.union1d(removed, held_out_blocks(blocks, args, removed=removed)))
 
 
 def run_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
@@ -271,7 +265,6 @@ __all__ = [
     "held_out_blocks",
     "index_shards",
     "initial_index",
-    "live_blocks",
     "run_drops",
     "run_inputs",
     "runs_on_cpu_processes",
