@@ -5,9 +5,9 @@ tests/learning/test_retriever_learns.py was set, and that it fails without a rea
 Per seed: the tests' `TinyWorld` (about 65 blocks of 64 wordpieces), its ICT start (the test's `ict_start`), an
 encoder of the quickstart's size warmed up to read (`warm_up_reader`, the quickstart's curriculum; read from
 `--readers DIR/seed-N` when there, else warmed up and written there; `--reader random`: no warm-up, the control),
-then the test's `learned_pretrain` (oracle weight 0, refresh sync); prints the held-out masked-query recall@5 of the
-start and after, with the reader's copy share and the seconds each part took. `--break detach` cuts the query and
-candidate embeddings from the graph (bench_retriever_learns_test.py).
+then the test's `learned_pretrain` (oracle weight 0; refresh sync, or `--refresh-mode`); prints the held-out
+masked-query recall@5 of the start and after, with the reader's copy share and the seconds each part took.
+`--break detach` cuts the query and candidate embeddings from the graph (bench_retriever_learns_test.py).
 
     python benchmarks/research/bench_learned_reader_tiny.py --seeds 0 1 --readers tests/learning/readers
     python benchmarks/research/bench_learned_reader_tiny.py --seeds 0 1 2 3 4 5 6 7 --readers /tmp/readers
@@ -67,7 +67,7 @@ def run_seed(root: Path, seed: int, args: argparse.Namespace) -> dict:
     start = ict_start(world, args.ict_steps)
     reader, history = reader_for(world, args)
     prepared = time.perf_counter()
-    output = learned_pretrain(world, start, reader, args.embedder_learning_rate)
+    output = learned_pretrain(world, start, reader, args.embedder_learning_rate, args.refresh_mode)
     trained = time.perf_counter()
     before, after = world.recall(start), world.recall(output / "embedder")
     return {
@@ -75,6 +75,7 @@ def run_seed(root: Path, seed: int, args: argparse.Namespace) -> dict:
         "reader": args.reader,
         "break": args.defect,
         "embedder_learning_rate": args.embedder_learning_rate,
+        "refresh_mode": args.refresh_mode,
         "copy_share": history[-1]["copy_share"] if history else None,
         "start": round(before, 4),
         "end": round(after, 4),
@@ -95,6 +96,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=600, help="probe the warm-up's reader this often")
     parser.add_argument("--ict-steps", type=int, default=100)
     parser.add_argument("--embedder-learning-rate", type=float, default=EMBEDDER_LEARNING_RATE)
+    parser.add_argument("--refresh-mode", choices=("sync", "async", "off"), default="sync")
     parser.add_argument("--break", dest="defect", choices=sorted(BREAKS), help="patch this defect in for the run")
     parser.add_argument("--keep", type=Path, default=None, help="keep each seed's runs under DIR/seed-N")
     parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
