@@ -228,8 +228,8 @@ HELD_OUT_BLOCKS, QUERIES_PER_BLOCK, RECALL_K = 15, 4, 5
 
 
 class TinyWorld:
-    """A 20-person world (about 65 blocks of 64 wordpieces), its corpus, a random-start embedder and held-out
-    queries."""
+    """A 20-person world (about 65 blocks of 64 wordpieces; `synthetic_world`, its facts), its corpus, a random-start
+    embedder and held-out queries."""
 
     def __init__(self, root: Path, seed: int = 0):
         world = generate_world(seed=seed, **TINY_WORLD)
@@ -257,7 +257,7 @@ class TinyWorld:
             block_ids=held,
             queries_per_block=QUERIES_PER_BLOCK,
         )
-        self.root, self.seed = root, seed
+        self.root, self.seed, self.synthetic_world = root, seed, world
 
     def recall(self, embedder_dir: Path) -> float:
         """Held-out recall@5 of the embedder in `embedder_dir` over a fresh exact index of every block."""

@@ -27,14 +27,13 @@ TESTS = Path(__file__).resolve().parents[2] / "tests"
 sys.path[:0] = [str(TESTS), str(TESTS / "learning"), str(Path(__file__).resolve().parent)]
 
 from bench_retriever_learns_test import BREAKS  # noqa: E402
-from helpers import TINY_WORLD, TinyWorld  # noqa: E402
+from helpers import TinyWorld  # noqa: E402
 from test_retriever_learns import EMBEDDER_LEARNING_RATE, TOWER, ict_start, learned_pretrain  # noqa: E402
 
 from openrealm.trainers.stage_utils import parse_config_overrides  # noqa: E402
 from openrealm.trainers.towers import load_encoder, save_tower  # noqa: E402
 from openrealm.trainers.world.reading_tasks import ReadingTasks  # noqa: E402
 from openrealm.trainers.world.reading_warmup import warm_up_reader  # noqa: E402
-from openrealm.trainers.world.synthetic_world import generate_world  # noqa: E402
 
 READER_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "reading_warmup.json")
 
@@ -49,7 +48,7 @@ def reader_for(world: TinyWorld, args: argparse.Namespace) -> tuple[Path, list]:
     )
     history = []
     if args.reader == "warm":
-        tasks = ReadingTasks(generate_world(seed=world.seed, **TINY_WORLD), world.blocks, world.tokenizer)
+        tasks = ReadingTasks(world.synthetic_world, world.blocks, world.tokenizer)
         history = warm_up_reader(encoder, tasks, steps=args.warmup_steps, seed=world.seed, eval_every=args.eval_every)
     folder = stored if args.reader == "warm" and stored is not None else world.root / "reader"
     command = "python benchmarks/research/bench_learned_reader_tiny.py " + " ".join(sys.argv[1:])

@@ -30,12 +30,11 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import HELD_OUT_BLOCKS, TINY_NO_DROPOUT, TINY_WORLD, TinyWorld
+from helpers import HELD_OUT_BLOCKS, TINY_NO_DROPOUT, TinyWorld
 
 from openrealm.trainers import cli
 from openrealm.trainers.towers import load_encoder
 from openrealm.trainers.world.reading_tasks import ReadingTasks, reading_probe
-from openrealm.trainers.world.synthetic_world import generate_world
 
 SEEDS = (0, 1)
 STEPS, REFRESH_EVERY = 300, 10
@@ -186,7 +185,7 @@ def learned(worlds) -> dict:
 @pytest.mark.parametrize("seed", LEARNED_SEEDS)
 def test_the_stored_reader_copies_what_a_block_of_its_world_states(worlds, seed):
     world = worlds[seed]
-    tasks = ReadingTasks(generate_world(seed=seed, **TINY_WORLD), world.blocks, world.tokenizer)
+    tasks = ReadingTasks(world.synthetic_world, world.blocks, world.tokenizer)
     probe = reading_probe(load_encoder(stored_reader(world)), tasks)
     assert probe["copy_share"] >= MIN_COPY_SHARE, probe["copy_share"]
 
