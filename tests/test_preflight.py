@@ -30,6 +30,8 @@ from openrealm.trainers.pretraining.evaluation import held_out_query_blocks
 from openrealm.trainers.pretraining.preflight import (
     THRESHOLDS,
     blocks_stating,
+    judge,
+    likeliest_stating_blocks,
     span_wordpieces,
     spans_stated_elsewhere,
 )
@@ -142,6 +144,8 @@ def test_the_verdict_follows_the_checks(world_report):
 def test_a_random_encoder_reads_nothing_so_the_reader_check_fails_with_advice(world_report):
     assert abs(world_report["retrieval_utility"]) < THRESHOLDS.min_reader_utility
     assert any("train mlm" in item for item in world_report["advice"])
+    assert abs(world_report["retrieval_utility_best_match"]) < THRESHOLDS.min_reader_utility
+    assert world_report["num_utility_queries_best_match"] == world_report["num_utility_queries"]
 
 
 def test_with_an_oracle_weight_the_reader_utility_is_that_of_the_mixed_reader(world):
@@ -149,6 +153,14 @@ def test_with_an_oracle_weight_the_reader_utility_is_that_of_the_mixed_reader(wo
                        "--hold-out-queries", str(HELD_OUT), "--preflight-steps", "0")  # fmt: skip
     # the oracle alone: log(1 - 0.01) from an answer-holding candidate, log(1e-3) from every other (null included)
     assert report["retrieval_utility"] == pytest.approx(math.log(0.99) - math.log(1e-3), abs=1e-4)
+    assert report["retrieval_utility_best_match"] == pytest.approx(math.log(0.99) - math.log(1e-3), abs=1e-4)
+
+
+def test_a_reader_of_the_best_matching_block_alone_is_told_so_but_still_reads_first(world_report):
+    report = {**world_report, "retrieval_utility": 2.0, "retrieval_utility_best_match": 3.5, "oracle_gain": 0.2}
+    judged = judge(report)
+    assert judged["verdict"] == "reader first" and judged["checks"]["retrieval_utility"] is False
+    assert any(item.startswith("retrieval_utility_best_match 3.500 >= 3.0") for item in judged["advice"])
 
 
 def test_a_training_run_into_the_same_output_follows_the_preflight(world, world_report):
@@ -195,6 +207,45 @@ def test_with_an_index_given_and_no_oracle_run_the_report_goes_into_a_new_output
     report = preflight(corpus, "random", output, "--index", str(tmp_path / "index"), "--num-candidates", "4",
                        "--hold-out-queries", "12", "--preflight-steps", "0")  # fmt: skip
     assert report["num_blocks"] == 12 and sorted(p.name for p in output.iterdir()) == ["preflight.json"]
+
+
+def article_corpus(root: Path, tokenizer, articles: list[tuple[str, str]]) -> Path:
+    """A corpus of one block per (title, text), dates as salient spans."""
+    rows = [{"title": title, "text": text} for title, text in articles]
+    build_corpus(Dataset.from_list(rows), root, tokenizer, span_annotator=make_span_annotator("regex"), progress=False)
+    return root
+
+
+def queries_for(tokenizer, sentences: list[str], answer_block_ids: list[list[int]]) -> dict:
+    """`fixed_masked_queries`' fields that likeliest_stating_blocks reads, for sentences holding [MASK]."""
+    inputs = tokenizer(sentences, padding=True, return_tensors="pt")
+    return {"query_input_ids": inputs["input_ids"], "answer_block_ids": answer_block_ids}
+
+
+STATING_CORPUS = [
+    ("Alder Mill", "Alder Mill was founded in 1901 by weavers."),
+    ("Birch Mill", "Birch Mill stands by the river. It was founded in 1901 as well."),
+    ("Alder Mill history", "The Alder Mill, founded in 1901, closed in 1950."),
+    ("Cedar Mill", "Cedar Mill closed in 1950 and was founded in 1901."),
+]
+
+
+def test_the_best_matching_holder_is_the_one_sharing_the_querys_rare_words(tmp_path, minilm_tokenizer):
+    blocks = load_corpus(article_corpus(tmp_path / "corpus", minilm_tokenizer, STATING_CORPUS))
+    queries = queries_for(minilm_tokenizer, ["Alder Mill was founded in [MASK]."], [[1, 2, 3]])
+    assert likeliest_stating_blocks(blocks, minilm_tokenizer, queries) == [2]  # "Alder" is in block 2 only
+
+
+def test_equally_matching_holders_resolve_to_the_lowest_block_id(tmp_path, minilm_tokenizer):
+    blocks = load_corpus(article_corpus(tmp_path / "corpus", minilm_tokenizer, STATING_CORPUS))
+    queries = queries_for(minilm_tokenizer, ["Elm Hall was built in [MASK]."], [[3, 1]])  # shares "was" with both
+    assert likeliest_stating_blocks(blocks, minilm_tokenizer, queries) == [1]
+
+
+def test_a_query_whose_span_no_other_block_holds_has_no_best_match(tmp_path, minilm_tokenizer):
+    blocks = load_corpus(article_corpus(tmp_path / "corpus", minilm_tokenizer, STATING_CORPUS))
+    queries = queries_for(minilm_tokenizer, ["Alder Mill was founded in [MASK].", "Alder Mill [MASK]."], [[2], []])
+    assert likeliest_stating_blocks(blocks, minilm_tokenizer, queries) == [2, None]
 
 
 def test_a_seeded_sample_of_spans_is_drawn_when_the_corpus_has_more(tmp_path, minilm_tokenizer):

@@ -4,9 +4,10 @@ REALM trains the retriever only through the marginal likelihood: the gradient on
 p(z|x,y) - p(z|x) (paper section 2.3). On the run's own corpus, towers and options this measures whether salient spans
 are stated in other blocks (`spans_stated_elsewhere`), whether the starting index retrieves such a block
 (`answer_in_candidates_at_start`), whether p(z|x) is near one-hot (`start_entropy`), whether the encoder reads
-(`retrieval_utility`: not the logged metric of Google's model.py) and whether a short oracle-reader run of this job
-trains the retriever (`oracle_gain`), and writes OUTPUT/preflight.json with a verdict and advice. The measures, their
-thresholds and the verdicts: docs/diagnostics.md ("Pre-flight check").
+(`retrieval_utility`: not the logged metric of Google's model.py; `retrieval_utility_best_match` from the block
+likeliest to state the fact) and whether a short oracle-reader run of this job trains the retriever (`oracle_gain`),
+and writes OUTPUT/preflight.json with a verdict and advice. The measures, their thresholds and the verdicts:
+docs/diagnostics.md ("Pre-flight check").
 """
 
 from __future__ import annotations
@@ -233,9 +234,48 @@ def retrieval_at_start(model: RealmPretrainingModel, examples: RealmPretrainingE
     }
 
 
-def utility_candidates(queries, num_blocks: int, num_candidates: int, seed: int) -> tuple[list[int], list[list[int]]]:
-    """(the queries with an answer block, their K candidates): the null document, one answer block (random) and
-    K - 2 random blocks that are neither the query's own nor an answer block."""
+def likeliest_stating_blocks(blocks, tokenizer, queries) -> list[int | None]:
+    """Per query: of the blocks holding its masked span (`answer_block_ids`), the one whose title and body share the
+    most of the query's other wordpieces, each weighted by its BM25 idf over the corpus (ties: the lowest id); None
+    when no other block holds the span.
+
+    A block that states the masked fact names the sentence's other entities too; one that merely mentions the span
+    (a city named in a stranger's biography) mostly does not, and a reader that reads rightly does not copy from it.
+    Read from the corpus and the query alone, so it needs no facts and favours no reader."""
+    holders = sorted({int(b) for answers in queries["answer_block_ids"] for b in answers})
+    if not holders:
+        return [None] * len(queries["answer_block_ids"])
+    skip = torch.tensor([*tokenizer.all_special_ids, tokenizer.pad_token_id or 0])
+    words = [set(row[~torch.isin(row, skip)].tolist()) for row in queries["query_input_ids"]]
+    vocab = np.asarray(sorted(set().union(*words)), dtype=np.int64)
+    columns = blocks.with_format("arrow")
+    size = max(len(tokenizer), int(vocab.max(initial=0)) + 1)
+    pairs = []
+    for column in ("title_ids", "token_ids"):
+        tokens, lengths = _flat(columns[column])
+        owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+        keep = np.isin(tokens, vocab)
+        pairs.append(owner[keep] * size + tokens[keep])
+    pairs = np.unique(np.concatenate(pairs))  # (block, wordpiece) present, each once
+    frequency = np.bincount(pairs % size, minlength=size)
+    idf = np.log1p((len(blocks) - frequency + 0.5) / (frequency + 0.5))
+    held = pairs[np.isin(pairs // size, np.asarray(holders, dtype=np.int64))]
+    present: dict[int, set[int]] = defaultdict(set)
+    for block, piece in zip((held // size).tolist(), (held % size).tolist()):
+        present[block].add(piece)
+    chosen: list[int | None] = []
+    for query_words, answers in zip(words, queries["answer_block_ids"]):
+        scores = [(-sum(idf[w] for w in query_words & present[int(b)]), int(b)) for b in answers]
+        chosen.append(min(scores)[1] if scores else None)
+    return chosen
+
+
+def utility_candidates(
+    queries, num_blocks: int, num_candidates: int, seed: int, answer_blocks: list[int | None] | None = None
+) -> tuple[list[int], list[list[int]]]:
+    """(the queries with an answer block, their K candidates): the null document, one answer block (answer_blocks'
+    for the query, or drawn at random among its answer blocks when None) and K - 2 random blocks that are neither
+    the query's own nor an answer block. The random draws are the same whatever answer_blocks is."""
     rng = np.random.default_rng(seed)
     kept, candidates = [], []
     for row, (own, answers) in enumerate(zip(queries["block_id"].tolist(), queries["answer_block_ids"])):
@@ -247,19 +287,29 @@ def utility_candidates(queries, num_blocks: int, num_candidates: int, seed: int)
             block = int(rng.integers(num_blocks))
             if block not in excluded and block not in others:
                 others.append(block)
+        drawn = int(rng.choice(answers))
+        answer = drawn if answer_blocks is None else answer_blocks[row]
         kept.append(row)
-        candidates.append([NULL_BLOCK_ID, int(rng.choice(answers)), *others])
+        candidates.append([NULL_BLOCK_ID, answer, *others])
     return kept, candidates
 
 
 @torch.no_grad()
-def reader_utility(model: RealmPretrainingModel, examples: RealmPretrainingExamples, queries, seed: int) -> dict:
+def reader_utility(
+    model: RealmPretrainingModel,
+    examples: RealmPretrainingExamples,
+    queries,
+    seed: int,
+    answer_blocks: list[int | None] | None = None,
+    suffix: str = "",
+) -> dict:
     """(d): the encoder's mean log p(y|z,x) per masked wordpiece from the candidates that hold the masked span minus
-    from the others (null document included), over the queries given a block stating their span among K
-    `utility_candidates`. model: RealmPretrainingModel's reader (the encoder; mixed with the oracle when its
-    oracle_reader_weight is above 0), in eval mode."""
+    from the others (null document included), over the queries given a block holding their span among K
+    `utility_candidates` (answer_blocks: which one per query; None: one drawn at random). model:
+    RealmPretrainingModel's reader (the encoder; mixed with the oracle when its oracle_reader_weight is above 0), in
+    eval mode. The keys end with suffix."""
     device = next(model.parameters()).device
-    kept, candidates = utility_candidates(queries, len(examples.blocks), examples.num_candidates, seed)
+    kept, candidates = utility_candidates(queries, len(examples.blocks), examples.num_candidates, seed, answer_blocks)
     sums = {"answer": 0.0, "other": 0.0, "tokens": 0, "queries": 0}
     for start in range(0, len(kept), BATCH_SIZE):
         rows = kept[start : start + BATCH_SIZE]
@@ -277,10 +327,10 @@ def reader_utility(model: RealmPretrainingModel, examples: RealmPretrainingExamp
         sums["queries"] += int(batch["holds_answer"].any(-1).sum())
     tokens = sums["tokens"]
     return {
-        "retrieval_utility": (sums["answer"] - sums["other"]) / tokens if tokens else None,
-        "reader_log_prob_answer": sums["answer"] / tokens if tokens else None,
-        "reader_log_prob_other": sums["other"] / tokens if tokens else None,
-        "num_utility_queries": sums["queries"],
+        f"retrieval_utility{suffix}": (sums["answer"] - sums["other"]) / tokens if tokens else None,
+        f"reader_log_prob_answer{suffix}": sums["answer"] / tokens if tokens else None,
+        f"reader_log_prob_other{suffix}": sums["other"] / tokens if tokens else None,
+        f"num_utility_queries{suffix}": sums["queries"],
     }
 
 
@@ -379,6 +429,14 @@ def judge(report: dict[str, Any], thresholds: PreflightThresholds = THRESHOLDS) 
             "`openrealm train mlm --corpus ... --init ENCODER` (BERT's objective; an encoder without a trained MLM "
             "head needs it), then pass its output as --encoder"
         )
+        best = report.get("retrieval_utility_best_match")
+        if best is not None and best >= t.min_reader_utility:
+            advice.append(
+                f"retrieval_utility_best_match {_f(best)} >= {t.min_reader_utility} nats: from the block holding the "
+                "masked words that shares most of the query's other words (the likeliest to state the fact) the "
+                "encoder does read; it gains little from blocks that merely mention the words, which a perfect "
+                "reader also pays for, so REALM's signal rewards fewer blocks (docs/diagnostics.md)"
+            )
     if checks["oracle_gain"] is False:
         advice.append(
             f"oracle_gain {_f(gain)} < {t.min_oracle_gain}: even a perfect reader did not raise held-out recall@5 in "
@@ -512,6 +570,8 @@ def run_preflight(args: argparse.Namespace) -> int:
     weight = getattr(args, "oracle_reader_weight", 0.0)
     reader = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0, oracle_reader_weight=weight).eval()
     report |= reader_utility(reader, examples, queries, args.seed)
+    stating = likeliest_stating_blocks(blocks, tokenizer, queries)
+    report |= reader_utility(reader, examples, queries, args.seed, stating, "_best_match")
     start_recall = recall_at_k(embedder, index, queries, RECALL_K)
     report |= {f"recall@{RECALL_K}_at_start": start_recall, "oracle_steps": args.preflight_steps}
     gain = None
@@ -561,7 +621,8 @@ def print_report(report: dict[str, Any], path: Path, file=None) -> None:
         ),
         line(
             "retrieval_utility",
-            f"reader utility of an answer block: {_f(report['retrieval_utility'])} nats per masked wordpiece",
+            f"reader utility of an answer block: {_f(report['retrieval_utility'])} nats per masked wordpiece "
+            f"({_f(report.get('retrieval_utility_best_match'))} from the best-matching one)",
         ),
         line(
             "oracle_gain",
@@ -581,6 +642,7 @@ __all__ = [
     "PreflightThresholds",
     "blocks_stating",
     "judge",
+    "likeliest_stating_blocks",
     "run_preflight",
     "spans_stated_elsewhere",
 ]
