@@ -26,7 +26,7 @@ EXIT_STATUS = "exit status: 0 done; 1 failed (e.g. weights missing, a model not 
 JOBS = {
     ("quickstart", None): (
         "openrealm.trainers.jobs.quickstart",
-        "the whole REALM lifecycle on a generated world of fictional entities (8-10 min on 2 CPU cores)",
+        "the whole REALM lifecycle on a generated world of fictional entities (about 9 min on 2 CPU cores)",
         "quickstart",
     ),
     ("world", None): (
