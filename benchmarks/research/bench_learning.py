@@ -3,7 +3,7 @@
     python benchmarks/research/bench_learning.py --output /tmp/realm-learning [--embedder ict|random]
         [--encoder random|reading-warmup|FOLDER] [--steps 300] [--refresh-every 25]
         [--modes sync,off[,answer-positive][,perfect-reader-marginal]] [--seed 0] [--world num_people=40,...]
-        [--embedder-learning-rate LR]
+        [--embedder-learning-rate LR] [--run-seed 100]
 
 Builds the quickstart's default world (or one resized by `--world`), vocabulary and corpus (64-wordpiece blocks), an
 ICT embedder (or a random one) and a random encoder (or the RealmKnowledgeAugEncoder folder given), then runs REALM
@@ -15,7 +15,8 @@ retrieval utility against the null document, MLM accuracy. The paper's claims (Â
 query as its positive (the signal a perfect reader would give) against the batch's other positives; mode
 `perfect-reader-marginal` is REALM's own objective with a perfect reader and every block a candidate (the blocks
 naming a query's names compete, as REALM's top-K candidates do). `--encoder reading-warmup` starts the encoder from
-the quickstart's reading warm-up (its "BERT stage").
+the quickstart's reading warm-up (its "BERT stage"). `--run-seed` repeats a run on the same world and starts with
+another data order, masks and held-out split (train pretrain draws its held-out blocks with its own --seed).
 
 Every run's final embedder (and the start's) is also scored as Table 2 scores it: zero-shot retrieval recall@5 on all
 of the world's questions (no model saw one), the embedder encoding the question. And once more with the question's
@@ -86,7 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         help="generate_world overrides of the quickstart's default world, e.g. num_people=40,num_cities=12",
     )
     parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the world's seed, and the run's unless --run-seed")
+    parser.add_argument(
+        "--run-seed",
+        type=int,
+        default=None,
+        help="train pretrain's --seed (data order, masks) and the held-out blocks' and fixed queries' draws: another "
+        "run on the same world, starts and readers (default: --seed)",
+    )
     parser.add_argument(
         "--oracle-reader-weight",
         default="0",
@@ -118,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         "--vocab-size", type=int, default=None, help="WordPiece vocabulary (default: the quickstart's)"
     )
     args = parser.parse_args(argv)
+    if "--seed" in shlex.split(args.pretrain_args):
+        # train pretrain draws its held-out blocks with its --seed: they would no longer be the evaluated ones
+        parser.error("--pretrain-args may not set --seed (the held-out split follows it): use --run-seed")
+    run_seed = args.seed if args.run_seed is None else args.run_seed
 
     from transformers import AutoTokenizer
 
@@ -165,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         encoder = args.encoder
     tokenizer, blocks = AutoTokenizer.from_pretrained(corpus), load_corpus(corpus)
-    held_out = held_out_query_blocks(blocks, args.hold_out, args.seed) if args.hold_out else None
+    held_out = held_out_query_blocks(blocks, args.hold_out, run_seed) if args.hold_out else None
     queries = fixed_masked_queries(
         tokenizer,
         blocks,
         num_queries=args.hold_out or preset.eval_queries,
-        seed=args.seed + 1,
+        seed=run_seed + 1,
         block_ids=held_out,
         queries_per_block=args.queries_per_block,
     )
@@ -198,7 +210,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         # One folder per setting, pretrain-MODE-kK-aA (pretrain-MODE when only one K and one oracle weight are given).
         name = mode if len(candidates) * len(weights) == 1 else f"{mode}-k{num_candidates}-a{weight:g}"
-        extra = ["--oracle-reader-weight", str(weight), "--hold-out-queries", str(args.hold_out)]
+        extra = [
+            "--oracle-reader-weight",
+            str(weight),
+            "--hold-out-queries",
+            str(args.hold_out),
+            "--seed",
+            str(run_seed),
+        ]
         extra += shlex.split(args.pretrain_args)
         stages.preset = dataclasses.replace(preset, pretrain_num_candidates=num_candidates)
         run = stages.run(
@@ -230,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "timings_s": stages.timings,
         "starts_from": args.starts_from,
+        "run_seed": run_seed,
         "num_fixed_queries": len(queries["uid"]),
         "held_out_blocks": held_out,
         "runs": runs,
