@@ -11,8 +11,10 @@ import time
 
 import pytest
 import torch
+import transformers
 from helpers import make_openqa_model
 from tqdm import tqdm
+from tqdm.auto import tqdm as auto_tqdm
 
 from openrealm import RealmForOpenQA, file_utils
 from openrealm.file_utils import clean_leftovers, exchange_paths, replace_folder, staging_folder
@@ -65,8 +67,11 @@ def test_exchange_paths_swaps_two_folders_in_one_step(tmp_path):
 
 def _save(model, folder) -> None:
     # A forked writer shares tqdm's write lock with this process: killed while it holds it (drawing the "Writing model
-    # shards" bar), it would leave every later bar here waiting forever. Its own lock keeps the kill to the save.
-    tqdm.set_lock(multiprocessing.RLock())
+    # shards" bar), it would leave every later bar here waiting forever. The writer draws no bar and has its own locks,
+    # for tqdm and for tqdm.auto's class (transformers' bars), which keeps its own lock once it has made one.
+    transformers.utils.logging.disable_progress_bar()
+    for bar in {tqdm, auto_tqdm}:
+        bar.set_lock(multiprocessing.RLock())
     model.save_pretrained(folder)
 
 
