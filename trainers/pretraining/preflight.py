@@ -245,7 +245,7 @@ def likeliest_stating_blocks(blocks, tokenizer, queries) -> list[int | None]:
     holders = sorted({int(b) for answers in queries["answer_block_ids"] for b in answers})
     if not holders:
         return [None] * len(queries["answer_block_ids"])
-    skip = torch.tensor([*tokenizer.all_special_ids, tokenizer.pad_token_id or 0])
+    skip = torch.tensor(tokenizer.all_special_ids)
     words = [set(row[~torch.isin(row, skip)].tolist()) for row in queries["query_input_ids"]]
     vocab = np.asarray(sorted(set().union(*words)), dtype=np.int64)
     columns = blocks.with_format("arrow")
