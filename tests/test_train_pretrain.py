@@ -31,6 +31,7 @@ from openrealm.trainers import cli, dropped, towers
 from openrealm.trainers.indexing import build_index, list_versions
 from openrealm.trainers.jobs import train_pretrain as pretrain
 from openrealm.trainers.options import train_pretrain
+from openrealm.trainers.pretraining.trainer import NULL_DOC_WARNING, NullDocumentWatch
 from openrealm.trainers.stage_utils import parse_config_overrides
 
 
@@ -254,6 +255,41 @@ def test_pretraining_summary_line_has_no_warning_when_most_rows_train(world_corp
     blocks = small_corpus(world_corpus, tmp_path / "corpus", DATED[:8])
     assert cli_pretrain(blocks, tmp_path / "out", "--max-steps", "2", "--batch-size", "2") == 0
     assert "warning" not in capsys.readouterr().out.splitlines()[-1]
+    assert json.loads((tmp_path / "out" / "pretraining.json").read_text())["null_document_collapse"] is None
+
+
+def test_the_null_document_watch_warns_once_at_the_first_log_whose_null_probability_reaches_its_threshold(capsys):
+    watch = NullDocumentWatch(threshold=0.5)
+    logs = {100: {"loss": 3.0, "null_doc_prob": 0.12}, 200: {"eval_recall@5": 0.3}, 300: {"null_doc_prob": 0.61}}
+    for step, entry in {**logs, 400: {"null_doc_prob": 0.97}}.items():
+        watch.on_log(None, SimpleNamespace(global_step=step, is_world_process_zero=True), None, logs=entry)
+    assert watch.first == {"step": 300, "null_doc_prob": 0.61}
+    warnings = capsys.readouterr().err.splitlines()
+    assert warnings == [f"REALM pre-training: warning: {watch.message()}"]
+    assert "averaged 0.61 in the steps logged at step 300" in warnings[0] and "--embedder-learning-rate" in warnings[0]
+
+
+def test_the_null_document_watch_stays_silent_below_its_threshold(capsys):
+    watch = NullDocumentWatch()
+    for step, value in ((1, 0.125), (2, NULL_DOC_WARNING - 0.01)):
+        state = SimpleNamespace(global_step=step, is_world_process_zero=True)
+        watch.on_log(None, state, None, logs={"null_doc_prob": value})
+    assert watch.first is None and watch.message() is None and capsys.readouterr().err == ""
+
+
+def test_pretraining_whose_retriever_runs_onto_the_null_document_warns_in_its_summary_line_and_records_it(
+    world_corpus, tmp_path, capsys, monkeypatch
+):
+    # A threshold of 0 stands in for a collapsed run: every logged p(null|x) reaches it.
+    monkeypatch.setattr(pretrain, "NullDocumentWatch", lambda: NullDocumentWatch(threshold=0.0))
+    output = tmp_path / "out"
+    assert cli_pretrain(world_corpus, output, "--max-steps", "2", "--batch-size", "2", "--logging-steps", "1") == 0
+    summary = json.loads((output / "pretraining.json").read_text())
+    first = summary["null_document_collapse"]
+    logged = [entry for entry in summary["log_history"] if "null_doc_prob" in entry]
+    assert first == {"step": 1, "null_doc_prob": logged[0]["null_doc_prob"]}
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "; warning: p(null document | x) averaged " in line and "in the steps logged at step 1:" in line
 
 
 def test_pretraining_refuses_more_candidates_than_distinct_blocks_before_building_anything(

@@ -10,7 +10,9 @@ one that states it beside another fact of the same form ("ambiguous"), one that 
 ("mentioning"), one without them, and the null document. Per masked wordpiece it reports the mean log p(y|z,x) and
 the share given p > 0.5 ("copies"). REALM's retriever is trained by the differences between these rows; a second
 table ranks the masked name among the names of its kind with the null document, to tell an encoder that learned only
-the kind of name a sentence asks for (0.5) from one that learned the facts (0)
+the kind of name a sentence asks for (0.5) from one that learned the facts (0); a third compares the blocks without
+the span that the ICT retriever puts in a query's top 7 (REALM's candidates) with random such blocks and with none,
+to tell whether REALM's candidates cost the reader more than any block lacking the span
 (benchmarks/research/reader_that_reads.md).
 """
 
@@ -83,6 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.encoders:
         rank = results[folder]["null document rank"]
         print(f"| {folder} | {rank['count']} | {rank['mean_rank']:.3f} | {rank['first']:.3f} |")
+    print("\nBlocks without the span: mean log p(y|z,x) per masked wordpiece from the ICT retriever's top 7 (the")
+    print("query's own block left out), from one drawn at random among all such blocks, and from no block\n")
+    print("| encoder | retrieved without (blocks) | random without | null document |")
+    print("|---|---|---|---|")
+    for folder in args.encoders:
+        encoder = load_encoder(run / folder, tokenizer).eval()
+        results[folder]["without blocks"] = value = without_blocks(encoder, embedder, tasks, queries, args.seed)
+        print(f"| {folder} | {value['retrieved']:.2f} ({value['retrieved_blocks']}) | {value['random']:.2f} "
+              f"| {value['null']:.2f} |")  # fmt: skip
     print("\n" + json.dumps({"run": args.run, "encoders": results}))
     return 0
 
@@ -116,6 +127,37 @@ def rank_among_kind(model, examples, queries, tokenizer, names_by_kind: dict[str
         ranks.append((log_prob[sorted(others)] > true).float().mean().item())
     ranks = np.array(ranks)
     return {"count": len(ranks), "mean_rank": float(ranks.mean()), "first": float((ranks == 0).mean())}
+
+
+@torch.no_grad()
+def without_blocks(encoder, embedder, tasks, queries, seed: int = 0, k: int = 7) -> dict[str, float]:
+    """Mean log p(y|z,x) per masked wordpiece of `queries` (fixed_masked_queries) from the blocks lacking the span
+    among the embedder's top k (own block left out), from one such block drawn at random, and from no block."""
+    from openrealm.trainers.embedding import embed_corpus, embed_queries
+    from openrealm.trainers.world.reading_tasks import collate, masked_log_prob
+
+    blocks, tokenizer = tasks.blocks, tasks.tokenizer
+    scores = (
+        embed_queries(embedder, queries["query_input_ids"], queries["query_attention_mask"])
+        @ embed_corpus(embedder, blocks, tokenizer, progress=False).T
+    )
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list] = {"retrieved": [], "random": [], "null": []}
+    for i, (block_id, sentence, span) in enumerate(
+        zip(queries["block_id"].tolist(), queries["query_text"], queries["span"].tolist(), strict=True)
+    ):
+        query = tasks.query(block_id, sentence, tuple(span))
+        without = set(query.blocks["without"])
+        ranked = [b for b in torch.argsort(scores[i], descending=True).tolist() if b != block_id][:k]
+        rows["retrieved"] += [tasks.example(query, b) for b in ranked if b in without]
+        if without:
+            rows["random"].append(tasks.example(query, int(rng.choice(sorted(without)))))
+        rows["null"].append(tasks.example(query, None))
+    means = {}
+    for name, examples in rows.items():
+        batches = [collate(examples[j : j + 64]) for j in range(0, len(examples), 64)]
+        means[name] = float(torch.cat([masked_log_prob(encoder, batch) for batch in batches]).mean())
+    return {**means, "retrieved_blocks": len(rows["retrieved"])}
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ from openrealm.trainers.pretraining.trainer import (
     PRIOR_SAMPLE_QUERIES,
     RANK_RECORDS_DIR,
     TOWERS,
+    NullDocumentWatch,
     PretrainingCollator,
     RealmPretrainingTrainer,
     RetrieverFreeze,
@@ -179,15 +180,16 @@ def build_trainer(
         getattr(args, "max_dropped_share", MAX_DROPPED_SHARE),
         ROWS_READ,
     )
+    null_watch = NullDocumentWatch()
     trainer = RealmPretrainingTrainer(
         model=model,
         args=training_args,
         train_dataset=queries,
         data_collator=PretrainingCollator(masker, examples),
-        callbacks=[refresh, guard, *(callbacks or ())],
+        callbacks=[refresh, guard, null_watch, *(callbacks or ())],
         refresh=refresh,
     )
-    trainer.guard = guard
+    trainer.guard, trainer.null_watch = guard, null_watch
     trainer.initial_prior = prior
     if args.index:  # version 0 in use lives in --index, not in index_root
         refresh.index_in_use_root = Path(args.index).absolute()
@@ -339,12 +341,14 @@ def run(args: argparse.Namespace, callbacks: Sequence[TrainerCallback] | None = 
             "dropped_examples": totals["num_dropped_examples"],
             "totals": totals,
             "final": final,
+            "null_document_collapse": trainer.null_watch.first,
             "log_history": trainer.state.log_history,
         }
         save_models(trainer.accelerator.unwrap_model(trainer.model), tokenizer, args.output, summary)
         print(
             f"REALM pre-training: saved embedder/, encoder/ and scorer/ to {args.output} "
-            f"(train loss {result.training_loss:.4f})" + (f"; warning: {warning}" if warning else "")
+            f"(train loss {result.training_loss:.4f})"
+            + "".join(f"; warning: {text}" for text in (warning, trainer.null_watch.message()) if text)
         )
         if getattr(args, "push_to_hub", None):
             pushed = push_to_hub(args.output, args.push_to_hub, private=args.hub_private)

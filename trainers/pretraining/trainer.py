@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +96,7 @@ class RealmPretrainingTrainer(StagedCheckpointTrainer):
         super().__init__(*args, towers=towers, checkpoint_extras=checkpoint_extras, **kwargs)
         self.refresh = refresh
         self.guard: DroppedExamplesGuard | None = None  # build_trainer's: stops a run that drops (nearly) everything
+        self.null_watch: NullDocumentWatch | None = None  # build_trainer's: warns when p(null|x) runs to 1
         # The model returns a token-mean loss; it takes no num_items_in_batch.
         self.model_accepts_loss_kwargs = False
         self._sums: Counter = Counter()
@@ -267,6 +269,40 @@ class RetrieverFreeze(TrainerCallback):
                 parameter.grad = None
 
 
+# The mean p(null|x) of a logging interval at which NullDocumentWatch warns: healthy quickstart runs stay under 0.25,
+# runs whose retriever collapsed reached 0.6-1.0 (benchmarks/research/reader_that_reads.md, "More updates at the
+# same cost, and the null document").
+NULL_DOC_WARNING = 0.5
+
+
+class NullDocumentWatch(TrainerCallback):
+    """Warns once when the logged `null_doc_prob` (mean p(null|x) since the previous log) reaches `threshold`: the
+    retriever's scores are running onto the null document, because the reader predicts the masked words better from
+    no block than from the blocks retrieved; past that point the retriever learns nothing from the reader. `first`:
+    {"step", "null_doc_prob"} of the first such log (None if none), for the run's summary."""
+
+    def __init__(self, threshold: float = NULL_DOC_WARNING):
+        self.threshold = threshold
+        self.first: dict[str, float] | None = None
+
+    def message(self) -> str | None:
+        """The warning's text once `first` is set, else None."""
+        if self.first is None:
+            return None
+        return (
+            f"p(null document | x) averaged {self.first['null_doc_prob']:.2f} in the steps logged at step "
+            f"{self.first['step']}: the retriever is collapsing onto the null document and stops learning from the "
+            "reader; lower --embedder-learning-rate or raise --batch-size (docs/pretraining.md)"
+        )
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        value = (logs or {}).get("null_doc_prob")
+        if self.first is None and value is not None and value >= self.threshold:
+            self.first = {"step": state.global_step, "null_doc_prob": value}
+            if state.is_world_process_zero:
+                print(f"REALM pre-training: warning: {self.message()}", file=sys.stderr)
+
+
 PRIOR_SAMPLE_QUERIES = 128  # masked queries whose K candidates set --initial-prior-entropy's scale
 
 
@@ -324,6 +360,8 @@ def write_rank_record(trainer: RealmPretrainingTrainer, output: str | os.PathLik
 
 __all__ = [
     "CHECKPOINT_FILES",
+    "NULL_DOC_WARNING",
+    "NullDocumentWatch",
     "PRIOR_SAMPLE_QUERIES",
     "PretrainingCollator",
     "QUERY_EMBEDDER_DIR",
