@@ -269,9 +269,9 @@ class RetrieverFreeze(TrainerCallback):
                 parameter.grad = None
 
 
-# The mean p(null|x) of a logging interval at which NullDocumentWatch warns: healthy quickstart runs stay under 0.25,
-# runs whose retriever collapsed reached 0.6-1.0 (benchmarks/research/reader_that_reads.md, "More updates at the
-# same cost, and the null document").
+# The mean p(null|x) of a logging interval at which NullDocumentWatch warns: healthy quickstart runs stayed at or under
+# 0.35, runs whose retriever collapsed reached 0.6-1.0 (benchmarks/research/reader_that_reads.md, sections "More
+# updates at the same cost, and the null document" and "A reader that gives a block without the span its due").
 NULL_DOC_WARNING = 0.5
 
 
