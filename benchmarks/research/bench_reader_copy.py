@@ -59,9 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         names_by_kind.setdefault(entity["kind"], []).append(entity["name"])
     queries = fixed_masked_queries(tokenizer, blocks, num_queries=len(blocks), seed=args.seed)
     embedder = load_embedder(run / "ict", tokenizer).eval()
-    candidates = RealmPretrainingExamples(
-        tokenizer, blocks, embedder, exact_index(embedder, blocks, tokenizer), num_candidates=4
-    )
+    index = exact_index(embedder, blocks, tokenizer)
+    candidates = RealmPretrainingExamples(tokenizer, blocks, embedder, index, num_candidates=4)
     print(f"{args.run}: {len(queries['uid'])} masked queries, one per block\n")
     print("| encoder | block | wordpieces | mean log p(y|z,x) | share with p > 0.5 |")
     print("|---|---|---|---|---|")
@@ -76,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         model = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0).eval()
         results[folder]["null document rank"] = rank_among_kind(model, candidates, queries, tokenizer, names_by_kind)
+        results[folder]["without blocks"] = without_blocks(encoder, embedder, index, tasks, queries, args.seed)
     print(
         "\nWithout a block: the masked name's first wordpiece ranked among the first wordpieces of the other names of"
     )
@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| encoder | retrieved without (blocks) | random without | null document |")
     print("|---|---|---|---|")
     for folder in args.encoders:
-        encoder = load_encoder(run / folder, tokenizer).eval()
-        results[folder]["without blocks"] = value = without_blocks(encoder, embedder, tasks, queries, args.seed)
+        value = results[folder]["without blocks"]
         print(f"| {folder} | {value['retrieved']:.2f} ({value['retrieved_blocks']}) | {value['random']:.2f} "
               f"| {value['null']:.2f} |")  # fmt: skip
     print("\n" + json.dumps({"run": args.run, "encoders": results}))
@@ -130,17 +129,15 @@ def rank_among_kind(model, examples, queries, tokenizer, names_by_kind: dict[str
 
 
 @torch.no_grad()
-def without_blocks(encoder, embedder, tasks, queries, seed: int = 0, k: int = 7) -> dict[str, float]:
+def without_blocks(encoder, embedder, index, tasks, queries, seed: int = 0, k: int = 7) -> dict[str, float]:
     """Mean log p(y|z,x) per masked wordpiece of `queries` (fixed_masked_queries) from the blocks lacking the span
-    among the embedder's top k (own block left out), from one such block drawn at random, and from no block."""
-    from openrealm.trainers.embedding import embed_corpus, embed_queries
+    among the top k of `index` (the embedder's blocks; own block left out), from one such block drawn at random, and
+    from no block."""
+    from openrealm.trainers.embedding import embed_queries
     from openrealm.trainers.world.reading_tasks import collate, masked_log_prob
 
-    blocks, tokenizer = tasks.blocks, tasks.tokenizer
-    scores = (
-        embed_queries(embedder, queries["query_input_ids"], queries["query_attention_mask"])
-        @ embed_corpus(embedder, blocks, tokenizer, progress=False).T
-    )
+    query_emb = embed_queries(embedder, queries["query_input_ids"], queries["query_attention_mask"])
+    top = index.search(query_emb, k + 1)[1].tolist()
     rng = np.random.default_rng(seed)
     rows: dict[str, list] = {"retrieved": [], "random": [], "null": []}
     for i, (block_id, sentence, span) in enumerate(
@@ -148,7 +145,7 @@ def without_blocks(encoder, embedder, tasks, queries, seed: int = 0, k: int = 7)
     ):
         query = tasks.query(block_id, sentence, tuple(span))
         without = set(query.blocks["without"])
-        ranked = [b for b in torch.argsort(scores[i], descending=True).tolist() if b != block_id][:k]
+        ranked = [b for b in top[i] if b != block_id][:k]
         rows["retrieved"] += [tasks.example(query, b) for b in ranked if b in without]
         if without:
             rows["random"].append(tasks.example(query, int(rng.choice(sorted(without)))))
