@@ -148,12 +148,31 @@ def test_a_random_encoder_reads_nothing_so_the_reader_check_fails_with_advice(wo
     assert world_report["num_utility_queries_best_match"] == world_report["num_utility_queries"]
 
 
-def test_with_an_oracle_weight_the_reader_utility_is_that_of_the_mixed_reader(world):
-    report = preflight(world.corpus, str(world.start), world.root / "mixed", "--oracle-reader-weight", "1",
-                       "--hold-out-queries", str(HELD_OUT), "--preflight-steps", "0")  # fmt: skip
+@pytest.fixture(scope="module")
+def oracle_report(world) -> dict:
+    """The pre-flight of a reader that is the oracle alone (--oracle-reader-weight 1), no oracle run."""
+    return preflight(world.corpus, str(world.start), world.root / "mixed", "--oracle-reader-weight", "1",
+                     "--hold-out-queries", str(HELD_OUT), "--preflight-steps", "0")  # fmt: skip
+
+
+def test_with_an_oracle_weight_the_reader_utility_is_that_of_the_mixed_reader(oracle_report):
     # the oracle alone: log(1 - 0.01) from an answer-holding candidate, log(1e-3) from every other (null included)
-    assert report["retrieval_utility"] == pytest.approx(math.log(0.99) - math.log(1e-3), abs=1e-4)
-    assert report["retrieval_utility_best_match"] == pytest.approx(math.log(0.99) - math.log(1e-3), abs=1e-4)
+    assert oracle_report["retrieval_utility"] == pytest.approx(math.log(0.99) - math.log(1e-3), abs=1e-4)
+    assert oracle_report["retrieval_utility_best_match"] == pytest.approx(math.log(0.99) - math.log(1e-3), abs=1e-4)
+
+
+def test_the_oracle_predicts_as_badly_from_no_block_as_from_one_without_the_span(oracle_report):
+    # log(1e-3) from the null document and from every random block lacking the span: no pull towards the null document
+    assert oracle_report["reader_log_prob_null"] == pytest.approx(math.log(1e-3), abs=1e-4)
+    assert oracle_report["reader_log_prob_without"] == pytest.approx(math.log(1e-3), abs=1e-4)
+    assert oracle_report["null_pull"] == pytest.approx(0.0, abs=1e-4)
+
+
+def test_the_null_pull_is_no_block_against_a_random_block_without_the_span(world_report):
+    null, without = world_report["reader_log_prob_null"], world_report["reader_log_prob_without"]
+    assert null < 0 and without < 0
+    np.testing.assert_allclose(world_report["null_pull"], null - without, rtol=0, atol=1e-12)
+    assert "null_pull_best_match" not in world_report  # the same draws of blocks without the span: said once
 
 
 def test_a_reader_of_the_best_matching_block_alone_is_told_so_but_still_reads_first(world_report):

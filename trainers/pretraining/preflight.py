@@ -307,10 +307,13 @@ def reader_utility(
     from the others (null document included), over the queries given a block holding their span among K
     `utility_candidates` (answer_blocks: which one per query; None: one drawn at random). model:
     RealmPretrainingModel's reader (the encoder; mixed with the oracle when its oracle_reader_weight is above 0), in
-    eval mode. The keys end with suffix."""
+    eval mode. Also the mean log p from the null document and from the K - 2 random blocks lacking the span, and
+    `null_pull`, the first minus the second: a reader that predicts the span better from no block than from one
+    lacking it pays the retriever to move towards the null document for every query whose candidates miss the
+    span (docs/diagnostics.md; only when answer_blocks is None). The keys end with suffix."""
     device = next(model.parameters()).device
     kept, candidates = utility_candidates(queries, len(examples.blocks), examples.num_candidates, seed, answer_blocks)
-    sums = {"answer": 0.0, "other": 0.0, "tokens": 0, "queries": 0}
+    sums = {"answer": 0.0, "other": 0.0, "null": 0.0, "without": 0.0, "tokens": 0, "without_tokens": 0, "queries": 0}
     for start in range(0, len(kept), BATCH_SIZE):
         rows = kept[start : start + BATCH_SIZE]
         batch = examples.with_candidates(query_rows(queries, rows), candidates[start : start + BATCH_SIZE])
@@ -323,15 +326,29 @@ def reader_utility(
         log_prob, holds = output.token_log_prob[usable], holds[usable]
         sums["answer"] += float(((log_prob * holds).sum(-1) / holds.sum(-1)).sum())
         sums["other"] += float(((log_prob * ~holds).sum(-1) / (~holds).sum(-1)).sum())
+        # column 0 is the null document; the other blocks lacking the span are the K - 2 random ones
+        sums["null"] += float(log_prob[:, 0].sum())
+        without = ~holds[:, 1:]
+        has_without = without.any(-1)
+        sums["without"] += float(
+            ((log_prob[:, 1:] * without).sum(-1)[has_without] / without.sum(-1)[has_without]).sum()
+        )
+        sums["without_tokens"] += int(has_without.sum())
         sums["tokens"] += int(usable.sum())
         sums["queries"] += int(batch["holds_answer"].any(-1).sum())
-    tokens = sums["tokens"]
-    return {
+    tokens, without_tokens = sums["tokens"], sums["without_tokens"]
+    null = sums["null"] / tokens if tokens else None
+    without = sums["without"] / without_tokens if without_tokens else None
+    report = {
         f"retrieval_utility{suffix}": (sums["answer"] - sums["other"]) / tokens if tokens else None,
         f"reader_log_prob_answer{suffix}": sums["answer"] / tokens if tokens else None,
         f"reader_log_prob_other{suffix}": sums["other"] / tokens if tokens else None,
         f"num_utility_queries{suffix}": sums["queries"],
     }
+    if answer_blocks is None:  # the blocks lacking the span are the same draws whichever answer block is chosen
+        report["reader_log_prob_null"], report["reader_log_prob_without"] = null, without
+        report["null_pull"] = null - without if null is not None and without is not None else None
+    return report
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -622,7 +639,8 @@ def print_report(report: dict[str, Any], path: Path, file=None) -> None:
         line(
             "retrieval_utility",
             f"reader utility of an answer block: {_f(report['retrieval_utility'])} nats per masked wordpiece "
-            f"({_f(report.get('retrieval_utility_best_match'))} from the best-matching one)",
+            f"({_f(report.get('retrieval_utility_best_match'))} from the best-matching one; no block against a "
+            f"block without the words: {_f(report.get('null_pull'))})",
         ),
         line(
             "oracle_gain",
