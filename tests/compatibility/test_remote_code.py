@@ -1,8 +1,9 @@
 """Saved REALM folders run as Hugging Face custom code where openrealm is NOT installed.
 
-A fresh virtual environment (no system site packages) gets only torch and transformers (and their own dependencies).
-Its python loads an open-QA folder with `pipeline("question-answering", trust_remote_code=True)` and an embedder
-folder with AutoModel/AutoTokenizer, and must give exactly what openrealm gives in this process.
+A fresh virtual environment (no system site packages) gets only torch and transformers and their own dependencies,
+this environment's installed copies linked in (pip installs them where links cannot be made). Its python loads an
+open-QA folder with `pipeline("question-answering", trust_remote_code=True)` and an embedder folder with
+AutoModel/AutoTokenizer, and must give exactly what openrealm gives in this process.
 
 Set OPENREALM_REMOTE_VENV=/some/dir to keep that environment between sessions (it is rebuilt when its torch or
 transformers pins no longer match this environment's versions).
@@ -22,6 +23,8 @@ import pytest
 import torch
 import transformers
 from helpers import fixture_tokenizer, make_openqa_model, tiny_realm_config
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 from transformers import pipeline
 
@@ -55,24 +58,65 @@ def venv_python(venv_dir: Path) -> Path:
     return venv_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
+def dependency_closure(names: tuple[str, ...]) -> list[importlib.metadata.Distribution]:
+    """The installed distributions of `names` and of everything they require (no extras), each once."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    pending = list(names)
+    while pending:
+        name = canonicalize_name(pending.pop())
+        if name in found:
+            continue
+        try:
+            found[name] = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # required only where this environment does not need it (its marker): pip skipped it too
+        for line in found[name].requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                pending.append(requirement.name)
+    return list(found.values())
+
+
+def link_distributions(distributions: list[importlib.metadata.Distribution], site_packages: Path) -> None:
+    """Symlink each distribution's top-level packages, modules and metadata into `site_packages` (not its scripts)."""
+    for distribution in distributions:
+        tops = {Path(file).parts[0] for file in distribution.files or [] if not str(file).startswith("..")}
+        for top in sorted(tops - {"__pycache__"}):
+            source, target = Path(distribution.locate_file(top)), site_packages / top
+            if source.exists() and not target.exists():
+                target.symlink_to(source, target_is_directory=source.is_dir())
+
+
 def create_remote_venv(venv_dir: Path, requirements: list[str]) -> None:
-    """A venv without system site packages, then one pip run for torch + transformers (no bytecode compilation)."""
+    """A venv without system site packages holding this environment's torch and transformers and their dependencies:
+    linked in (seconds), or installed by pip where links cannot be made (minutes)."""
     # pip >= 22.3 installs into another interpreter with --python, which spares the new venv its own pip.
     pip_can_target = Version(importlib.metadata.version("pip")) >= Version("22.3")
     venv.EnvBuilder(
         system_site_packages=False, clear=True, symlinks=os.name != "nt", with_pip=not pip_can_target
     ).create(venv_dir)
     python = venv_python(venv_dir)
-    pip = [sys.executable, "-m", "pip", "--python", str(python)] if pip_can_target else [str(python), "-m", "pip"]
-    result = subprocess.run(
-        [*pip, "install", "-q", "--no-compile", "--disable-pip-version-check", *requirements],
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    site_packages = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     )
-    assert result.returncode == 0, (
-        f"pip install {requirements} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    )
+    try:
+        link_distributions(dependency_closure(("torch", "transformers")), site_packages)
+    except OSError:  # no symlinks here (Windows without the privilege): install them
+        pip = [sys.executable, "-m", "pip", "--python", str(python)] if pip_can_target else [str(python), "-m", "pip"]
+        result = subprocess.run(
+            [*pip, "install", "-q", "--no-compile", "--disable-pip-version-check", *requirements],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        assert result.returncode == 0, (
+            f"pip install {requirements} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     (venv_dir / MARKER).write_text(json.dumps(requirements))
 
 
@@ -92,7 +136,7 @@ def remote_python(tmp_path_factory):
         print(f"remote venv ({', '.join(requirements)}) created in {time.perf_counter() - started:.1f}s")
     yield venv_python(venv_dir)
     if not cached:
-        shutil.rmtree(venv_dir, ignore_errors=True)  # ~1 GB; pytest would keep it with the last basetemps
+        shutil.rmtree(venv_dir, ignore_errors=True)  # links, or ~1 GB installed; pytest would keep the last basetemps
 
 
 @pytest.fixture(scope="module")
