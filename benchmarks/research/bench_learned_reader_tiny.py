@@ -49,6 +49,13 @@ TOWER = (
 TOWER_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
+def keep_tower_files(folder: Path, *extra: str) -> Path:
+    """Remove from a saved tower's folder all but TOWER_FILES and `extra` (the package's code, a run's own files)."""
+    for name in {path.name for path in folder.iterdir()} - {*TOWER_FILES, *extra}:
+        (folder / name).unlink()
+    return folder
+
+
 def ict_start(world: TinyWorld, output: Path, steps: int = 100) -> Path:
     """The retriever's start: `train ict` from random towers of TOWER's size into `output`."""
     argv = [
@@ -57,9 +64,7 @@ def ict_start(world: TinyWorld, output: Path, steps: int = 100) -> Path:
         "--save-steps", "0", "--seed", str(world.seed), "--embedding-dropout", "0", "--quiet",
     ]  # fmt: skip
     assert cli.main(argv) == 0
-    for name in {path.name for path in output.iterdir()} - set(TOWER_FILES):  # the package's code, run files
-        (output / name).unlink()
-    return output
+    return keep_tower_files(output)
 
 
 def start_for(world: TinyWorld, args: argparse.Namespace) -> Path:
@@ -86,9 +91,7 @@ def reader_for(world: TinyWorld, args: argparse.Namespace) -> tuple[Path, list]:
     command = "python benchmarks/research/bench_learned_reader_tiny.py " + " ".join(sys.argv[1:])
     summary = {"seed": world.seed, "steps": args.warmup_steps, "config_overrides": TOWER, "command": command}
     save_tower(encoder, folder, world.tokenizer, {"reading_warmup.json": json.dumps(summary | {"history": history})})
-    for name in {path.name for path in folder.iterdir()} - set(TOWER_FILES) - {"reading_warmup.json"}:
-        (folder / name).unlink()  # the package's code: not needed
-    return folder, history
+    return keep_tower_files(folder, "reading_warmup.json"), history
 
 
 def run_seed(root: Path, seed: int, args: argparse.Namespace) -> dict:
