@@ -5,12 +5,36 @@ import ast
 import functools
 import linecache
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+
+# --- Running side by side (pytest-xdist, setup.cfg's addopts) -----------------------------------------------------
+# Each worker gets its share of the cores: more threads than cores slows every step severalfold. The longest modules
+# go first (with `--dist loadfile --no-loadscope-reorder` each worker takes whole modules in this order), so that the
+# quickstart's run does not start last.
+LONGEST_FIRST = ("roads/test_quickstart.py", "learning/test_retriever_learns.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # the processes a test starts
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def place(item: pytest.Item) -> int:
+        return rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank))
+
+    items.sort(key=place)  # stable: the others keep their order
 
 
 @pytest.fixture(scope="session")

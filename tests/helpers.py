@@ -4,6 +4,8 @@ modules share are in conftest.py). A test module imports what it shares from her
 import errno
 import json
 import shutil
+import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -329,6 +331,25 @@ def cli_pretrain(corpus: Path, output: Path, *extra: str) -> int:
 
 
 # --- Writers of one folder -------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it), for a server or a process group a test starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def accelerate_launch(num_processes: int = 2) -> list[str]:
+    """`accelerate launch` of num_processes CPU processes, as argv up to the script: with no visible GPU `--multi_gpu`
+    runs torchrun + gloo on CPU (`--cpu` would start one process). Each launch gets its own free port, so launches of
+    tests running side by side (pytest-xdist) do not meet on torchrun's default 29500."""
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
+        "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+        "--dynamo_backend", "no",
+    ]  # fmt: skip
+
 
 WAIT_SECONDS = 120  # a safety net against a hang: every wait on an event ends long before
 # Holds the writer lock of the folder argv[1] until a line arrives on its stdin; prints "held" once it has it.

@@ -10,7 +10,6 @@ import ast
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import BLOCK_TEXTS, make_openqa_model
+from helpers import BLOCK_TEXTS, free_port, make_openqa_model
 from transformers import pipeline
 
 import openrealm  # noqa: F401 - registers the question-answering pipeline
@@ -182,12 +181,6 @@ def test_the_space_app_answers_without_openrealm_installed(folder, tmp_path):
     )
     assert [a["answer"] for a in result["answers"]] == [a["answer"] for a in expected["answers"]]
     assert [b["block_id"] for b in result["blocks"]] == [b["block_id"] for b in expected["blocks"]]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for_page(url: str, process: subprocess.Popen, timeout: float = 240) -> None:

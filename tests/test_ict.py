@@ -5,7 +5,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from datasets import Dataset
 from helpers import (
     BLOCK_TEXTS,
     TITLES,
+    accelerate_launch,
     fixture_folder,
     fixture_tokenizer,
     tiny_fields,
@@ -403,11 +403,9 @@ def test_train_ict_saves_a_loadable_embedder_and_resumes(ict_corpus, tmp_path, o
 @pytest.mark.slow
 def test_two_processes_under_accelerate_train_on_global_batches(ict_corpus, tmp_path):
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "openrealm",
+        *accelerate_launch(), "-m", "openrealm",
         *train_args(ict_corpus, tmp_path / "ict", "--max-steps", "2", "--warmup-steps", "1", "--save-steps", "0"),
     ]  # fmt: skip
-    # `--cpu` would make accelerate start one process; with no visible GPU, --multi_gpu runs torchrun + gloo on CPU.
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TEXTS, TITLES, direct_embedding, fixture_folder, fixture_tokenizer, tiny_embedder, write_corpus
+from helpers import (
+    TEXTS,
+    TITLES,
+    accelerate_launch,
+    direct_embedding,
+    fixture_folder,
+    fixture_tokenizer,
+    tiny_embedder,
+    write_corpus,
+)
 from transformers import BertConfig, BertModel
 
 from openrealm import RealmBlockIndex, RealmEmbedder, RealmForOpenQA, RealmRetriever, RealmScorer
@@ -258,13 +267,10 @@ def test_two_processes_under_accelerate_join_to_the_single_process_embeddings(co
     embedder = tiny_embedder()
     embedder.save_pretrained(tmp_path / "embedder")
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "-m", "openrealm", "index", "build",
+        *accelerate_launch(), "-m", "openrealm", "index", "build",
         "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output", str(tmp_path / "index"),
         "--batch-size", "2", "--quiet",
     ]  # fmt: skip
-    # `--cpu` would make accelerate start one process; with no visible GPU, --multi_gpu runs torchrun + gloo on CPU.
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -6,21 +6,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import DATED, UNDATED, pretrain_argv, repeated_corpus, small_corpus
+from helpers import DATED, UNDATED, accelerate_launch, pretrain_argv, repeated_corpus, small_corpus
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
 from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.trainers.indexing import list_versions
 
-# `--cpu` would make accelerate start one process; with no visible GPU, --multi_gpu runs torchrun + gloo on CPU.
-LAUNCH = [
-    sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-    "--mixed_precision", "no", "--dynamo_backend", "no",
-]  # fmt: skip
 ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 TIMEOUT = 180  # seconds per launch (2 trainers and a builder process share the cores)
 
@@ -65,7 +59,11 @@ def run_argv(corpus_dir: Path, output: Path, mode: str, max_steps: int) -> list[
 def launch(program: list[str], argv: list[str]) -> str:
     """Run `accelerate launch PROGRAM ARGV` on 2 CPU processes; returns its output (fails the test on an error)."""
     result = subprocess.run(
-        [*LAUNCH, *program, *argv], capture_output=True, text=True, env={**os.environ, **ENV}, timeout=TIMEOUT
+        [*accelerate_launch(), *program, *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        timeout=TIMEOUT,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result.stdout
@@ -216,7 +214,7 @@ def test_ranks_stop_together_when_duplicate_blocks_drop_every_example_and_one_er
     argv = run_argv(blocks, output, "off", 40)
     argv[argv.index("--batch-size") + 1] = "1"
     result = subprocess.run(
-        [*LAUNCH, str(script), "train", "pretrain", *argv],
+        [*accelerate_launch(), str(script), "train", "pretrain", *argv],
         capture_output=True,
         text=True,
         env={**os.environ, **ENV},

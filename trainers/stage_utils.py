@@ -227,11 +227,12 @@ def eval_mode(module: torch.nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def all_cpu_cores() -> Iterator[None]:
-    """Every core for torch within the block (a process may hold fewer, e.g. quickstart.share_cpu_cores's half), then
-    as before."""
+def all_cpu_cores(limit: int | None = None) -> Iterator[None]:
+    """Every core for torch within the block, at most `limit` threads (a process may hold fewer, e.g.
+    quickstart.share_cpu_cores's half), then as before."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or threads)
+    cores = os.cpu_count() or threads
+    torch.set_num_threads(min(cores, limit) if limit else cores)
     try:
         yield
     finally:

@@ -123,8 +123,11 @@ PRESETS = {
 class Stages:
     """Runs the lifecycle stage by stage, printing what each did and how long it took."""
 
-    def __init__(self, output: Path, preset: Preset, seed: int, progress: bool = True):
+    def __init__(self, output: Path, preset: Preset, seed: int, progress: bool = True, max_threads: int | None = None):
+        """max_threads: the most torch threads one process of the run may use (default: every core;
+        share_cpu_cores's answer)."""
         self.output, self.preset, self.seed, self.progress = output, preset, seed, progress
+        self.max_threads = max_threads or os.cpu_count() or 1
         self.timings: dict[str, float] = {}
 
     def path(self, name: str) -> Path:
@@ -149,7 +152,7 @@ class Stages:
         # fine-tuning runs (docs/quickstart.md gives the stages' times).
         cores = os.cpu_count() or 1
         workers = max(1, min(len(calls), cores))
-        threads = max(1, cores // workers)
+        threads = max(1, min(self.max_threads, cores // workers))
         logs = self.path("logs")
         logs.mkdir(parents=True, exist_ok=True)
         child = copy.copy(self)
@@ -236,7 +239,7 @@ class Stages:
         from openrealm.trainers.stage_utils import all_cpu_cores
         from openrealm.trainers.world.reading_warmup import warm_up_encoder
 
-        with all_cpu_cores():
+        with all_cpu_cores(self.max_threads):
             return warm_up_encoder(
                 self.path("world"), corpus, self.path("reading-warmup"), config_overrides=self.preset.model,
                 steps=self.preset.reading_warmup_steps, seed=self.seed,
@@ -468,16 +471,21 @@ def _stage_in_child(stages: Stages, method: str, args: tuple, kwargs: dict, log:
         sys.stderr.flush()
 
 
-def share_cpu_cores() -> None:
+def share_cpu_cores() -> int:
     """On CPU, give the trainer and the async index builder (a child process) half of the cores each: more threads
-    than cores slows every step severalfold."""
+    than cores slows every step severalfold. Returns the most threads one process may use: the cores, or fewer where
+    the user's OMP_NUM_THREADS says so (e.g. other work running beside, as tests side by side)."""
     import torch
 
+    cores = os.cpu_count() or 1
+    requested = os.environ.get("OMP_NUM_THREADS", "")
+    limit = min(cores, int(requested)) if requested.isdigit() and int(requested) > 0 else cores
     if torch.cuda.is_available():
-        return
-    threads = max(1, (os.cpu_count() or 2) // 2)
+        return limit
+    threads = max(1, min(limit, cores // 2))
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # read by the builder processes at their start
+    return limit
 
 
 def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0, overwrite: bool = False,
@@ -493,8 +501,7 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
         check_replaceable(output, overwrite=True, replaceable=_foreign_entries)
         shutil.rmtree(output)
     output.mkdir(parents=True, exist_ok=True)
-    share_cpu_cores()
-    stages = Stages(output, PRESETS[preset], seed, progress)
+    stages = Stages(output, PRESETS[preset], seed, progress, max_threads=share_cpu_cores())
     world = stages.run("world of fictional entities", stages.world)
     corpus = stages.run("vocabulary, blocks and salient spans", stages.corpus, world)
     embedder = stages.run("ICT warm start of the retriever", stages.ict, corpus)
