@@ -215,6 +215,20 @@ def test_curriculum_goes_from_stating_sentences_to_stating_blocks_to_the_mixture
     assert set(kinds[700:]) == {"mentioning"}
 
 
+def test_curriculum_final_mixture_replaces_the_mixture_over_the_last_steps_only():
+    curriculum = Curriculum(0.0, 0.0, 0.0, {"stating": 1.0}, final_share=0.25, final_mixture={"without": 1.0})
+    rng, steps = random.Random(0), 1000
+    kinds = [curriculum.kind(step, steps, rng) for step in range(steps)]
+    assert set(kinds[:750]) == {"stating"} and set(kinds[750:]) == {"without"}
+    assert curriculum.kinds() == ["stating", "without"]
+
+
+def test_curriculum_without_a_final_mixture_draws_as_before():
+    plain, late = Curriculum(), Curriculum(final_share=0.2)  # a share without a final mixture changes nothing
+    first, second = random.Random(0), random.Random(0)
+    assert [plain.kind(s, 100, first) for s in range(100)] == [late.kind(s, 100, second) for s in range(100)]
+
+
 def test_curriculum_mixture_draws_kinds_in_their_shares():
     curriculum, rng = Curriculum(0.0, 0.0, 0.0, {"stating": 3.0, "null": 1.0}), random.Random(0)
     kinds = [curriculum.kind(0, 10, rng) for _ in range(4000)]
@@ -228,6 +242,8 @@ def test_curriculum_mixture_draws_kinds_in_their_shares():
         ((-0.1, 0.2), "summing to at most 1"),
         ((0.1, 0.1, 0.1, {"stated": 1.0}), "mixture takes"),
         ((0.1, 0.1, 0.1, {"null": 0.0}), "mixture takes"),
+        ((0.3, 0.3, 0.3, {"null": 1.0}, 0.2), "summing to at most 1"),
+        ((0.1, 0.1, 0.1, {"null": 1.0}, 0.2, {"stated": 1.0}), "final_mixture takes"),
     ],
 )
 def test_curriculum_refuses_impossible_shares(arguments, message):
@@ -306,4 +322,5 @@ def test_command_saves_the_trained_encoder_with_its_history(world_folder, tmp_pa
     summary = json.loads((tmp_path / "reader" / "reading_warmup.json").read_text())
     assert summary["steps"] == 3 and [entry["step"] for entry in summary["history"]] == [0, 3]
     assert summary["curriculum"] == {"sentence_share": 0.15, "stating_share": 0.3, "ramp_share": 0.3,
-                                     "mixture": Curriculum().mixture}  # fmt: skip
+                                     "mixture": Curriculum().mixture, "final_share": 0.0,
+                                     "final_mixture": None}  # fmt: skip

@@ -1,7 +1,8 @@
 """`openrealm quickstart`: the whole REALM lifecycle on the embedded default world, end to end (its run time:
 docs/quickstart.md).
 
-The default preset, as a user runs it. The assertions are what holds for seeds 0-4 and two fresh seeds (4242, 90210):
+The default preset, as a user runs it (in the suite's two workers with OMP_NUM_THREADS=1, one thread per process:
+conftest.py). The assertions are what holds for seeds 0-4 and two fresh seeds (4242, 90210):
 the encoder reads, keeps reading, and its signal raises Figure 4's curves. Which of the paper's Table 2 orderings
 hold varies with the seed and is not asserted (results.json "claims";
 benchmarks/research/reader_that_reads.md)."""

@@ -46,7 +46,9 @@ class Curriculum:
     """What the warm-up's contexts are, by share of the steps: `sentence_share` of them the stating sentence alone,
     then `stating_share` whole stating blocks, then the rest drawn from `mixture` ({kind: weight}, KINDS), ramped in
     over `ramp_share` of the steps (an example's context comes from the mixture with a probability rising linearly
-    from 0 to 1, else it is a stating block): switching at once took a copying encoder back by half its copy share."""
+    from 0 to 1, else it is a stating block): switching at once took a copying encoder back by half its copy share.
+    `final_mixture`, when given, replaces `mixture` over the last `final_share` of the steps (a late phase, e.g. more
+    blocks without the span once the encoder copies: benchmarks/research/reader_that_reads.md)."""
 
     sentence_share: float = 0.15
     stating_share: float = 0.3
@@ -54,16 +56,25 @@ class Curriculum:
     mixture: dict[str, float] = field(
         default_factory=lambda: {"stating": 0.5, "ambiguous": 0.05, "mentioning": 0.25, "without": 0.15, "null": 0.05}
     )
+    final_share: float = 0.0
+    final_mixture: dict[str, float] | None = None
 
     def __post_init__(self):
-        shares = (self.sentence_share, self.stating_share, self.ramp_share)
+        shares = (self.sentence_share, self.stating_share, self.ramp_share, self.final_share)
         if any(not 0.0 <= share <= 1.0 for share in shares) or sum(shares) > 1.0:
             raise ValueError(
-                f"sentence_share, stating_share and ramp_share must be fractions summing to at most 1, got {shares}"
+                "sentence_share, stating_share, ramp_share and final_share must be fractions summing to at most 1, "
+                f"got {shares}"
             )
-        unknown = set(self.mixture) - set(KINDS)
-        if unknown or any(weight < 0 for weight in self.mixture.values()) or sum(self.mixture.values()) <= 0:
-            raise ValueError(f"mixture takes non-negative weights of {KINDS}, not all 0; got {self.mixture}")
+        for name, mixture in (("mixture", self.mixture), ("final_mixture", self.final_mixture or {"null": 1.0})):
+            unknown = set(mixture) - set(KINDS)
+            if unknown or any(weight < 0 for weight in mixture.values()) or sum(mixture.values()) <= 0:
+                raise ValueError(f"{name} takes non-negative weights of {KINDS}, not all 0; got {mixture}")
+
+    def kinds(self) -> list[str]:
+        """Every kind of block the mixtures draw (with a weight above 0)."""
+        mixtures = (self.mixture, self.final_mixture or {})
+        return sorted({kind for mixture in mixtures for kind, weight in mixture.items() if weight > 0})
 
     def kind(self, step: int, steps: int, rng: random.Random) -> str:
         """The context of one example at `step` of `steps`: "sentence", or one of KINDS."""
@@ -72,8 +83,10 @@ class Curriculum:
         start, ramp = (self.sentence_share + self.stating_share) * steps, self.ramp_share * steps
         if step < start or (step < start + ramp and rng.random() >= (step - start) / ramp):
             return "stating"
-        kinds = [kind for kind, weight in self.mixture.items() if weight > 0]
-        return rng.choices(kinds, weights=[self.mixture[kind] for kind in kinds])[0]
+        late = self.final_mixture is not None and step >= (1.0 - self.final_share) * steps
+        mixture = self.final_mixture if late else self.mixture
+        kinds = [kind for kind, weight in mixture.items() if weight > 0]
+        return rng.choices(kinds, weights=[mixture[kind] for kind in kinds])[0]
 
 
 def training_example(tasks: ReadingTasks, kind: str, rng: random.Random, pools: dict[str, list]):
@@ -109,7 +122,7 @@ def warm_up_reader(
     Runs on the GPU where there is one; the encoder stays there."""
     curriculum = curriculum or Curriculum()
     pools = query_pools(tasks)
-    for kind in ("stating", *[k for k, w in curriculum.mixture.items() if w > 0 and k != "null"]):
+    for kind in ("stating", *[k for k in curriculum.kinds() if k != "null"]):
         if not pools[kind]:
             raise ValueError(f"the corpus gives no query a {kind} block; the curriculum needs one")
     torch.manual_seed(seed)
