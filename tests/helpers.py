@@ -330,7 +330,7 @@ def cli_pretrain(corpus: Path, output: Path, *extra: str) -> int:
     return cli.main(["train", "pretrain", *pretrain_argv(corpus, output, *extra)])
 
 
-# --- Writers of one folder -------------------------------------------------------------------------------------------
+# --- Processes a test starts ----------------------------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -349,6 +349,9 @@ def accelerate_launch(num_processes: int = 2) -> list[str]:
         "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
         "--dynamo_backend", "no",
     ]  # fmt: skip
+
+
+# --- Writers of one folder -------------------------------------------------------------------------------------------
 
 
 WAIT_SECONDS = 120  # a safety net against a hang: every wait on an event ends long before
