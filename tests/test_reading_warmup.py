@@ -244,6 +244,7 @@ def test_curriculum_mixture_draws_kinds_in_their_shares():
         ((0.1, 0.1, 0.1, {"null": 0.0}), "mixture takes"),
         ((0.3, 0.3, 0.3, {"null": 1.0}, 0.2), "summing to at most 1"),
         ((0.1, 0.1, 0.1, {"null": 1.0}, 0.2, {"stated": 1.0}), "final_mixture takes"),
+        ((0.1, 0.1, 0.1, {"null": 1.0}, 0.2, {}), "final_mixture takes"),
     ],
 )
 def test_curriculum_refuses_impossible_shares(arguments, message):

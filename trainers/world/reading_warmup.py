@@ -66,7 +66,10 @@ class Curriculum:
                 "sentence_share, stating_share, ramp_share and final_share must be fractions summing to at most 1, "
                 f"got {shares}"
             )
-        for name, mixture in (("mixture", self.mixture), ("final_mixture", self.final_mixture or {"null": 1.0})):
+        mixtures = {"mixture": self.mixture, "final_mixture": self.final_mixture}
+        for name, mixture in mixtures.items():
+            if mixture is None:  # no final phase
+                continue
             unknown = set(mixture) - set(KINDS)
             if unknown or any(weight < 0 for weight in mixture.values()) or sum(mixture.values()) <= 0:
                 raise ValueError(f"{name} takes non-negative weights of {KINDS}, not all 0; got {mixture}")
