@@ -340,6 +340,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+# The environment of an accelerate_launch: no GPU, one thread per process (the processes share the cores).
+ACCELERATE_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def accelerate_launch(num_processes: int = 2) -> list[str]:
     """`accelerate launch` of num_processes CPU processes, as argv up to the script: with no visible GPU `--multi_gpu`
     runs torchrun + gloo on CPU (`--cpu` would start one process). Each launch gets its own free port, so launches of

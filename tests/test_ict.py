@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from helpers import (
+    ACCELERATE_ENV,
     BLOCK_TEXTS,
     TITLES,
     accelerate_launch,
@@ -406,7 +407,7 @@ def test_two_processes_under_accelerate_train_on_global_batches(ict_corpus, tmp_
         *accelerate_launch(), "-m", "openrealm",
         *train_args(ict_corpus, tmp_path / "ict", "--max-steps", "2", "--warmup-steps", "1", "--save-steps", "0"),
     ]  # fmt: skip
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, **ACCELERATE_ENV}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "ict" / "ict_training.json").read_text())

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
+    ACCELERATE_ENV,
     TEXTS,
     TITLES,
     accelerate_launch,
@@ -271,7 +272,7 @@ def test_two_processes_under_accelerate_join_to_the_single_process_embeddings(co
         "--embedder", str(tmp_path / "embedder"), "--corpus", str(corpus), "--output", str(tmp_path / "index"),
         "--batch-size", "2", "--quiet",
     ]  # fmt: skip
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, **ACCELERATE_ENV}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     info = json.loads((tmp_path / "index" / "v000000" / "build_info.json").read_text())

@@ -9,13 +9,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import DATED, UNDATED, accelerate_launch, pretrain_argv, repeated_corpus, small_corpus
+from helpers import ACCELERATE_ENV, DATED, UNDATED, accelerate_launch, pretrain_argv, repeated_corpus, small_corpus
 
 from openrealm import RealmEmbedder, RealmKnowledgeAugEncoder, RealmScorer
 from openrealm.tokenization.corpus_folder import load_corpus
 from openrealm.trainers.indexing import list_versions
 
-ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 TIMEOUT = 180  # seconds per launch (2 trainers and a builder process share the cores)
 
 # The CLI job plus one callback: stop three steps after the first index swap (the two batches collated ahead still
@@ -62,7 +61,7 @@ def launch(program: list[str], argv: list[str]) -> str:
         [*accelerate_launch(), *program, *argv],
         capture_output=True,
         text=True,
-        env={**os.environ, **ENV},
+        env={**os.environ, **ACCELERATE_ENV},
         timeout=TIMEOUT,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -217,7 +216,7 @@ def test_ranks_stop_together_when_duplicate_blocks_drop_every_example_and_one_er
         [*accelerate_launch(), str(script), "train", "pretrain", *argv],
         capture_output=True,
         text=True,
-        env={**os.environ, **ENV},
+        env={**os.environ, **ACCELERATE_ENV},
         timeout=TIMEOUT,
     )
     errors = [line for line in result.stderr.splitlines() if line.startswith("openrealm: error:")]
