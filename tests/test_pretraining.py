@@ -266,6 +266,52 @@ def test_masked_positions_only_head_equals_the_full_computation(realm_batch):
     assert out_full.retrieval_utility.item() == pytest.approx(out_masked.retrieval_utility.item(), abs=1e-6)
 
 
+def marginal_by_hand(model: RealmPretrainingModel, batch: dict) -> torch.Tensor:
+    """log sum_k p(z_k|x) p(y|z_k,x) over the whole vocabulary at each masked token [N, V], one candidate at a time."""
+    prior, _ = by_hand(model, batch)
+    rows = []
+    with torch.no_grad():
+        for b in range(batch["joint_input_ids"].shape[0]):
+            per_candidate = torch.stack(
+                [
+                    model.encoder(
+                        batch["joint_input_ids"][b, k : k + 1],
+                        attention_mask=batch["joint_attention_mask"][b, k : k + 1],
+                        token_type_ids=batch["joint_token_type_ids"][b, k : k + 1],
+                    )
+                    .logits[0]
+                    .log_softmax(-1)
+                    for k in range(batch["joint_input_ids"].shape[1])
+                ]
+            )  # [K, Lj, V]
+            for j in (batch["labels"][b] != -100).nonzero().squeeze(1).tolist():
+                rows.append(per_candidate[:, j])
+    return (torch.stack(rows) + prior[..., None]).logsumexp(1)
+
+
+@pytest.mark.parametrize("masked_positions_only", [True, False])
+def test_predicted_tokens_are_the_argmax_of_the_marginal_over_candidates(realm_batch, masked_positions_only):
+    model = make_model(masked_positions_only)
+    output = model(**realm_batch, return_predictions=True)
+    marginal = marginal_by_hand(model, realm_batch)
+    chosen = marginal.gather(1, output.predicted_tokens[:, None]).squeeze(1)
+    assert output.predicted_tokens.shape == (len(marginal),)
+    assert torch.allclose(chosen, marginal.max(1).values, atol=1e-5)
+
+
+def test_predicted_tokens_only_when_asked(realm_batch):
+    assert make_model()(**realm_batch).predicted_tokens is None
+
+
+def test_predicted_tokens_come_from_the_encoder_when_the_oracle_reads_alone(realm_batch):
+    model = make_model()
+    encoder_alone = model(**realm_batch, return_predictions=True).predicted_tokens
+    model.oracle_reader_weight = 1.0
+    output = model(**realm_batch, return_predictions=True)
+    assert torch.equal(output.predicted_tokens, encoder_alone)
+    assert output.loss.item() == pytest.approx(model(**realm_batch).loss.item(), rel=1e-6)
+
+
 def test_retrieval_utility_is_marginal_minus_null_reader_log_prob(realm_batch):
     model = make_model()
     output = model(**realm_batch)

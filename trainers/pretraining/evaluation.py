@@ -196,8 +196,8 @@ def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, A
         if not batch["uid"]:
             continue
         batch = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
-        output = model(**batch)
-        predicted = _marginal_argmax(model, batch, output.candidate_log_prob)
+        output = model(**batch, return_predictions=True)
+        predicted = output.predicted_tokens
         mask = batch["labels"] != -100
         sums["utility"] += float((output.marginal_log_prob - output.token_log_prob[:, 0]).sum())
         sums["log_prob"] += float(output.marginal_log_prob.sum())
@@ -218,21 +218,6 @@ def _mlm_metrics(model, examples: RealmPretrainingExamples, queries: dict[str, A
         "answer_in_candidates": sums["found"] / count,
         "num_tokens": sums["tokens"],
     }
-
-
-def _marginal_argmax(model, batch: dict[str, Any], candidate_log_prob: torch.Tensor) -> torch.Tensor:
-    """The most likely token at each of the N masked positions under p(y|x) = sum_k p(z_k|x) p(y|z_k,x) -> [N]."""
-    joint = batch["joint_input_ids"]
-    batch_size, num_candidates, length = joint.shape
-    hidden = model.encoder.realm(
-        joint.flatten(0, 1),
-        attention_mask=batch["joint_attention_mask"].flatten(0, 1),
-        token_type_ids=batch["joint_token_type_ids"].flatten(0, 1),
-        return_dict=True,
-    ).last_hidden_state.view(batch_size, num_candidates, length, -1)
-    rows, positions = (batch["labels"] != -100).nonzero(as_tuple=True)
-    log_prob = model.encoder.cls(hidden[rows, :, positions]).float().log_softmax(-1)  # [N, K, V]
-    return (log_prob + candidate_log_prob[rows][..., None]).logsumexp(1).argmax(-1)
 
 
 class PretrainingEvalCallback(TrainerCallback):

@@ -48,7 +48,9 @@ class RealmPretrainingOutput(ModelOutput):
     better the reader predicts a masked token from an answer-holding candidate than from another retrieved one, mean
     log p(y_j|z,x) over the first minus over the second (null document left out; the encoder's reader whenever it runs,
     the oracle's when the oracle reads alone; 0 when either set is empty); `holds_answer` [B, K];
-    `query_emb` [B, P], `candidate_emb` [B, K, P] (after dropout)."""
+    `query_emb` [B, P], `candidate_emb` [B, K, P] (after dropout); `predicted_tokens` [N] (only when asked,
+    `return_predictions`): the encoder's most likely wordpiece at each masked token under its marginal over the
+    candidates, argmax_y sum_k p(z_k|x) p(y|z_k,x)."""
 
     loss: torch.FloatTensor | None = None
     relevance_score: torch.FloatTensor | None = None
@@ -66,6 +68,7 @@ class RealmPretrainingOutput(ModelOutput):
     holds_answer: torch.BoolTensor | None = None
     query_emb: torch.FloatTensor | None = None
     candidate_emb: torch.FloatTensor | None = None
+    predicted_tokens: torch.LongTensor | None = None
 
 
 class RealmPretrainingModel(nn.Module):
@@ -154,11 +157,13 @@ class RealmPretrainingModel(nn.Module):
         mlm_mask: torch.Tensor | None = None,
         query_token_type_ids: torch.LongTensor | None = None,
         holds_answer: torch.BoolTensor | None = None,
+        return_predictions: bool = False,
         **unused: Any,
     ) -> RealmPretrainingOutput:
         """Query [B, Lq], candidates [B, K, Ld], joint [B, K, Lj], labels / mlm_mask [B, Lj] -> RealmPretrainingOutput.
         holds_answer [B, K] (`RealmPretrainingExamples` gives it): what the oracle reader and the answer metrics read;
-        without it they are off (an oracle_reader_weight > 0 needs it).
+        without it they are off (an oracle_reader_weight > 0 needs it). return_predictions: also the encoder's argmax
+        at each masked token (`predicted_tokens`; the encoder runs even for the oracle alone), from the same pass.
 
         Extra batch keys (`candidate_block_ids`, `uid`, `index_version`, `stats`...) are accepted and ignored.
         """
@@ -182,13 +187,16 @@ class RealmPretrainingModel(nn.Module):
             raise ValueError("the oracle reader needs holds_answer [B, K] (RealmPretrainingExamples gives it)")
         if holds_answer is not None:
             holds_answer = holds_answer.to(relevance_score.device).bool()
-        if weight == 1.0:  # the oracle alone: no encoder pass
+        predicted_tokens = None
+        if weight < 1.0 or return_predictions:  # the oracle alone needs no encoder pass
+            token_log_prob, loss, predicted_tokens = self._reader_log_prob(
+                joint_input_ids, joint_token_type_ids, joint_attention_mask, labels, mask, relevance_score,
+                candidate_log_prob if return_predictions else None,
+            )  # fmt: skip
+        if weight == 1.0:
             token_log_prob = reader_log_prob = self._oracle_log_prob(holds_answer)[rows]
             loss = None
         else:
-            token_log_prob, loss = self._reader_log_prob(
-                joint_input_ids, joint_token_type_ids, joint_attention_mask, labels, mask, relevance_score
-            )
             reader_log_prob = token_log_prob
             if weight > 0.0:
                 token_log_prob = torch.logaddexp(
@@ -211,6 +219,7 @@ class RealmPretrainingModel(nn.Module):
             holds_answer=holds_answer,
             query_emb=query_emb,
             candidate_emb=candidate_emb,
+            predicted_tokens=predicted_tokens,
         )
 
     def _oracle_log_prob(self, holds_answer: torch.Tensor) -> torch.Tensor:
@@ -227,9 +236,11 @@ class RealmPretrainingModel(nn.Module):
         labels: torch.Tensor,
         mask: torch.Tensor,
         relevance_score: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The encoder's log p(y_j|z_k,x) at the N masked tokens [N, K], and the loss when it comes from the
-        full-sequence head (masked_positions_only False), else None (the marginal's mean)."""
+        candidate_log_prob: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The encoder's log p(y_j|z_k,x) at the N masked tokens [N, K]; the loss when it comes from the full-sequence
+        head (masked_positions_only False), else None (the marginal's mean); and, given `candidate_log_prob` [B, K],
+        the wordpiece of highest marginal probability at each masked token [N], else None."""
         batch_size, num_candidates = joint_input_ids.shape[:2]
         hidden = self.encoder.realm(
             flatten_candidates(joint_input_ids),
@@ -239,23 +250,18 @@ class RealmPretrainingModel(nn.Module):
         ).last_hidden_state.view(batch_size, num_candidates, joint_input_ids.shape[-1], -1)
         rows, positions = mask.nonzero(as_tuple=True)
         targets = labels[rows, positions]
+        loss = None
         if self.masked_positions_only:
-            logits = self.encoder.cls(hidden[rows, :, positions])  # [N, K, V]
-            token_log_prob = (
-                logits.float().log_softmax(-1).gather(-1, targets[:, None, None].expand(-1, num_candidates, 1))
-            )
-            token_log_prob = token_log_prob.squeeze(-1)
+            vocab_log_prob = self.encoder.cls(hidden[rows, :, positions]).float().log_softmax(-1)  # [N, K, V]
         else:
             logits = self.encoder.cls(hidden.flatten(0, 1))  # [B*K, Lj, V]
-            full = (
-                logits.float()
-                .log_softmax(-1)
-                .gather(-1, labels.clamp(min=0).repeat_interleave(num_candidates, 0)[..., None])
-            )
-            token_log_prob = full.view(batch_size, num_candidates, -1)[rows, :, positions]
-        if self.masked_positions_only:
-            return token_log_prob, None
-        return token_log_prob, RealmKnowledgeAugEncoder.marginal_mlm_loss(logits, relevance_score, labels, mask)
+            vocab_log_prob = logits.float().log_softmax(-1).view(*hidden.shape[:3], -1)[rows, :, positions]
+            loss = RealmKnowledgeAugEncoder.marginal_mlm_loss(logits, relevance_score, labels, mask)
+        token_log_prob = vocab_log_prob.gather(-1, targets[:, None, None].expand(-1, num_candidates, 1)).squeeze(-1)
+        predicted = None
+        if candidate_log_prob is not None:
+            predicted = (vocab_log_prob + candidate_log_prob[rows][..., None]).logsumexp(1).argmax(-1)
+        return token_log_prob, loss, predicted
 
     def _skipped_batch_output(self) -> RealmPretrainingOutput:
         """The output of a batch with no token to predict (every example dropped: no usable salient span, duplicate
