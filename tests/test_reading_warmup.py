@@ -28,9 +28,16 @@ from openrealm.trainers.world.reading_tasks import (
     ReadingTasks,
     collate,
     masked_log_prob,
+    masked_vocab_log_prob,
     reading_probe,
 )
-from openrealm.trainers.world.reading_warmup import Curriculum, query_pools, training_example
+from openrealm.trainers.world.reading_warmup import (
+    Curriculum,
+    query_pools,
+    training_batch,
+    training_example,
+    warm_up_loss,
+)
 from openrealm.trainers.world.synthetic_world import MONTHS, generate_world
 
 # The tiny towers without a retriever projection (an encoder), reading REALM's 384 joint positions.
@@ -269,6 +276,73 @@ def test_training_examples_of_each_kind_hold_the_answer_only_where_that_kind_doe
                 assert not held
 
 
+def test_a_null_twin_is_the_same_renamed_query_over_no_block(tasks):
+    query = query_pools(tasks)["without"][0]
+    example, twin = tasks.with_null_twin(query, query.blocks["without"][0], random.Random(3))
+    (ids, labels, types), (twin_ids, twin_labels, twin_types) = example, twin
+    query_length = types.index(1)  # [CLS] query [SEP]
+    assert twin_ids[:query_length] == ids[:query_length] and twin_labels[:query_length] == labels[:query_length]
+    assert twin_ids[query_length:] == [tasks.tokenizer.sep_token_id] and twin_types[query_length:] == [1]
+    assert set(twin_labels[query_length:]) == {-100}
+
+
+def test_null_twins_leave_the_batch_drawn_as_without_them(tasks):
+    pools = query_pools(tasks)
+    kinds = iter(["stating", "without", "null", "without", "mentioning"] * 2)
+    plain, none, _ = training_batch(tasks, lambda: next(kinds), 5, random.Random(7), pools)
+    kinds = iter(["stating", "without", "null", "without", "mentioning"] * 2)
+    twinned, twins, rows = training_batch(tasks, lambda: next(kinds), 5, random.Random(7), pools, null_twins=True)
+    assert twinned == plain and none == [] and rows == [1, 3]
+    assert [twin[0][: len(twin[0]) - 1] for twin in twins] == [
+        twinned[row][0][: len(twin[0]) - 1] for row, twin in zip(rows, twins)
+    ]
+
+
+def test_warm_up_loss_without_twins_is_the_masked_lm_loss(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0).eval()
+    batch = collate([tasks.example(q, q.block_id) for q in tasks.queries[:4]])
+    with torch.no_grad():
+        loss = warm_up_loss(masked_vocab_log_prob(encoder, batch), batch["labels"], [], 1.0)
+        expected = -masked_log_prob(encoder, batch).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_warm_up_loss_adds_the_kl_from_the_null_twins_prediction(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0).eval()
+    query = query_pools(tasks)["without"][0]
+    example, twin = tasks.with_null_twin(query, query.blocks["without"][0], random.Random(1))
+    other = tasks.example(tasks.queries[0], tasks.queries[0].block_id, random.Random(2))
+    batch = collate([other, example, twin])
+    with torch.no_grad():
+        log_prob = masked_vocab_log_prob(encoder, batch)
+        plain = warm_up_loss(log_prob, batch["labels"], [1], 0.0)
+        loss = warm_up_loss(log_prob, batch["labels"], [1], 2.0)
+        block = masked_vocab_log_prob(encoder, collate([example]))
+        null = masked_vocab_log_prob(encoder, collate([twin]))
+    kl = (null.exp() * (null - block)).sum(-1).mean()
+    assert kl.item() > 0.0
+    assert loss.item() == pytest.approx(plain.item() + 2.0 * kl.item(), rel=1e-5)
+
+
+def test_warm_up_loss_holds_the_null_prediction_fixed(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0)
+    query = query_pools(tasks)["without"][0]
+    example, twin = tasks.with_null_twin(query, query.blocks["without"][0], random.Random(1))
+    batch = collate([example, twin])
+    log_prob = masked_vocab_log_prob(encoder, batch)
+    log_prob.retain_grad()
+    warm_up_loss(log_prob, batch["labels"], [0], 1.0).backward()
+    example_tokens = int((batch["labels"][0] != -100).sum())
+    assert log_prob.grad[:example_tokens].abs().sum() > 0
+    assert log_prob.grad[example_tokens:].abs().sum() == 0  # exact: no gradient reaches the null twin
+
+
+def test_warm_up_refuses_a_negative_null_match_weight(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0)
+    with pytest.raises(ValueError, match="null_match_weight must be >= 0"):
+        reading_warmup.warm_up_reader(encoder, tasks, steps=1, null_match_weight=-1.0)
+
+
 # -- training and the probe -------------------------------------------------------------------------------------------
 
 
@@ -322,6 +396,7 @@ def test_command_saves_the_trained_encoder_with_its_history(world_folder, tmp_pa
     )
     summary = json.loads((tmp_path / "reader" / "reading_warmup.json").read_text())
     assert summary["steps"] == 3 and [entry["step"] for entry in summary["history"]] == [0, 3]
+    assert summary["null_match_weight"] == 0.0
     assert summary["curriculum"] == {"sentence_share": 0.15, "stating_share": 0.3, "ramp_share": 0.3,
                                      "mixture": Curriculum().mixture, "final_share": 0.0,
                                      "final_mixture": None}  # fmt: skip

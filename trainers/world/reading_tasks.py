@@ -205,12 +205,17 @@ class ReadingTasks:
         return mapping
 
     def example(
-        self, query: Query, context: int | tuple[Segment, ...] | None, rng: random.Random | None = None
+        self,
+        query: Query,
+        context: int | tuple[Segment, ...] | None,
+        rng: random.Random | None = None,
+        mapping: dict[str, tuple[int, ...]] | None = None,
     ) -> tuple[list[int], list[int], list[int]]:
         body_segments = (
             () if context is None else self.block_segments[context] if isinstance(context, int) else context
         )
-        mapping = self.renaming(query.segments + body_segments, rng) if rng is not None else {}
+        if mapping is None:
+            mapping = self.renaming(query.segments + body_segments, rng) if rng is not None else {}
         spell = lambda s: mapping.get(s.key, s.ids) if s.key is not None else s.ids  # noqa: E731
         query_ids, targets, positions = [], [], []
         for segment in query.segments:
@@ -227,6 +232,12 @@ class ReadingTasks:
             labels[1 + position] = target  # after [CLS]
         return joint["input_ids"], labels, joint["token_type_ids"]
 
+    def with_null_twin(self, query: Query, block_id: int, rng: random.Random) -> tuple[tuple, tuple]:
+        """(the query over block `block_id`, the same query over the null document), renamed alike: the pair on which
+        a reader's prediction from a block can be compared with its prediction from no block."""
+        mapping = self.renaming(query.segments + self.block_segments[block_id], rng)
+        return self.example(query, block_id, mapping=mapping), self.example(query, None, mapping=mapping)
+
 
 def collate(examples: list[tuple[list[int], list[int], list[int]]], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
     """Right-pad examples into input_ids, attention_mask, token_type_ids and labels [B, L]."""
@@ -240,17 +251,22 @@ def collate(examples: list[tuple[list[int], list[int], list[int]]], pad_token_id
     }
 
 
-def masked_log_prob(encoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """log p(y|z,x) of each masked wordpiece [N] (row-major over the batch), the MLM head run at those positions
-    only, as REALM pre-training runs it. The batch moves to the encoder's device."""
+def masked_vocab_log_prob(encoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """log p(.|z,x) over the vocabulary at each masked wordpiece [N, V] (row-major over the batch), the MLM head run
+    at those positions only, as REALM pre-training runs it. The batch moves to the encoder's device."""
     device = next(encoder.parameters()).device
     batch = {key: value.to(device) for key, value in batch.items()}
     hidden = encoder.realm(
         batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
     ).last_hidden_state
-    mask = batch["labels"] != -100
-    log_prob = encoder.cls(hidden[mask]).float().log_softmax(-1)
-    return log_prob.gather(1, batch["labels"][mask][:, None]).squeeze(1)
+    return encoder.cls(hidden[batch["labels"] != -100]).float().log_softmax(-1)
+
+
+def masked_log_prob(encoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """log p(y|z,x) of each masked wordpiece [N] (row-major over the batch; `masked_vocab_log_prob` at the labels)."""
+    labels = batch["labels"]
+    targets = labels[labels != -100].to(next(encoder.parameters()).device)
+    return masked_vocab_log_prob(encoder, batch).gather(1, targets[:, None]).squeeze(1)
 
 
 def probe_examples(tasks: ReadingTasks, seed: int = 0) -> dict[str, list]:
@@ -330,6 +346,7 @@ __all__ = [
     "Segment",
     "collate",
     "masked_log_prob",
+    "masked_vocab_log_prob",
     "probe_encoders",
     "probe_examples",
     "reading_probe",

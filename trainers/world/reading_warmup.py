@@ -26,7 +26,9 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -35,7 +37,7 @@ from openrealm.trainers.world.reading_tasks import (
     KINDS,
     ReadingTasks,
     collate,
-    masked_log_prob,
+    masked_vocab_log_prob,
     probe_examples,
     reading_probe,
 )
@@ -103,6 +105,50 @@ def training_example(tasks: ReadingTasks, kind: str, rng: random.Random, pools: 
     return tasks.example(query, rng.choice(query.blocks[kind]), rng)
 
 
+def training_batch(
+    tasks: ReadingTasks,
+    draw_kind: Callable[[], str],
+    batch_size: int,
+    rng: random.Random,
+    pools: dict[str, list],
+    null_twins: bool = False,
+) -> tuple[list, list, list[int]]:
+    """(examples, twins, rows): `batch_size` `training_example`s, each of a kind `draw_kind()` draws just before it;
+    with null_twins, an example over a block without the span also gives its null twin (`ReadingTasks.with_null_twin`,
+    the example drawn as it is alone) and `rows` says which examples the twins belong to."""
+    examples, twins, rows = [], [], []
+    for _ in range(batch_size):
+        kind = draw_kind()
+        if null_twins and kind == "without":
+            query = rng.choice(pools[kind])
+            example, twin = tasks.with_null_twin(query, rng.choice(query.blocks[kind]), rng)
+            rows.append(len(examples))
+            twins.append(twin)
+        else:
+            example = training_example(tasks, kind, rng, pools)
+        examples.append(example)
+    return examples, twins, rows
+
+
+def warm_up_loss(log_prob: torch.Tensor, labels: torch.Tensor, twin_rows: list[int], null_match_weight: float):
+    """The warm-up's loss from `masked_vocab_log_prob` [N, V] of a `collate`d batch of B examples followed by the
+    null twins of its rows `twin_rows` (labels [B + T, L]): the masked-LM loss over the B examples' masked wordpieces,
+    plus null_match_weight times the mean over the twinned examples' wordpieces of KL(p(.|null, x) || p(.|block,
+    x)), the null document's prediction held fixed: a block without the span is paid for predicting what no block
+    predicts, rather than the names it holds."""
+    counts = (labels != -100).sum(1).tolist()
+    batch_size = len(counts) - len(twin_rows)
+    main = sum(counts[:batch_size])
+    targets = labels[labels != -100][:main].to(log_prob.device)
+    loss = -log_prob[:main].gather(1, targets[:, None]).mean()
+    if not twin_rows or null_match_weight == 0.0:
+        return loss
+    starts = [sum(counts[:row]) for row in range(batch_size)]
+    block = torch.cat([torch.arange(starts[row], starts[row] + counts[row]) for row in twin_rows])
+    null = log_prob[main:].detach()
+    return loss + null_match_weight * (null.exp() * (null - log_prob[block.to(log_prob.device)])).sum(-1).mean()
+
+
 def query_pools(tasks: ReadingTasks) -> dict[str, list]:
     """{kind: the queries with at least one block of that kind} (KINDS but "null")."""
     return {kind: [q for q in tasks.queries if q.blocks[kind]] for kind in KINDS[:-1]}
@@ -118,11 +164,16 @@ def warm_up_reader(
     curriculum: Curriculum | None = None,
     seed: int = 0,
     eval_every: int = 500,
+    null_match_weight: float = 0.0,
 ) -> list[dict]:
     """Train `encoder` (a RealmKnowledgeAugEncoder, in place) on `tasks` by `curriculum`: AdamW (weight decay 0.01),
     linear warm-up over `warmup_steps` then linear decay to 0, gradients clipped at 1. Returns the history of
     `reading_probe` (its top-level numbers and each kind's mean log p), every `eval_every` steps and at the end.
-    Runs on the GPU where there is one; the encoder stays there."""
+    null_match_weight > 0: blocks without the span are also paid for matching the null document's prediction
+    (`warm_up_loss`; their null twins cost one more short input each). Runs on the GPU where there is one; the
+    encoder stays there."""
+    if null_match_weight < 0:
+        raise ValueError(f"null_match_weight must be >= 0, got {null_match_weight}")
     curriculum = curriculum or Curriculum()
     pools = query_pools(tasks)
     for kind in ("stating", *[k for k in curriculum.kinds() if k != "null"]):
@@ -151,11 +202,11 @@ def warm_up_reader(
             )
         if step == steps:
             break
-        batch = collate(
-            [training_example(tasks, curriculum.kind(step, steps, rng), rng, pools) for _ in range(batch_size)],
-            tasks.tokenizer.pad_token_id,
+        examples, twins, rows = training_batch(
+            tasks, partial(curriculum.kind, step, steps, rng), batch_size, rng, pools, null_match_weight > 0
         )
-        loss = -masked_log_prob(encoder, batch).mean()
+        batch = collate(examples + twins, tasks.tokenizer.pad_token_id)
+        loss = warm_up_loss(masked_vocab_log_prob(encoder, batch), batch["labels"], rows, null_match_weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
         optimizer.step()
@@ -176,6 +227,7 @@ def warm_up_encoder(
     learning_rate: float = 3e-3,
     curriculum: Curriculum | None = None,
     seed: int = 0,
+    null_match_weight: float = 0.0,
 ) -> Path:
     """Warm up `encoder` ("random", sized by `config_overrides` k=v,..., or a REALM/BERT encoder folder to continue) on
     a world folder (`openrealm world`) and its corpus folder (whose tokenizer it uses), and save it with its tokenizer
@@ -195,11 +247,23 @@ def warm_up_encoder(
     model = load_encoder(  # this stage trains the MLM head
         encoder, tokenizer, parse_config_overrides(config_overrides), seed, warn_untrained_head=False
     )
-    history = warm_up_reader(model, tasks, steps, batch_size, learning_rate, curriculum=curriculum, seed=seed)
+    history = warm_up_reader(
+        model, tasks, steps, batch_size, learning_rate, curriculum=curriculum, seed=seed,
+        null_match_weight=null_match_weight,
+    )  # fmt: skip
     summary = {"world": str(world), "corpus": str(corpus), "encoder": encoder, "config_overrides": config_overrides}
     summary |= {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate}
+    summary |= {"null_match_weight": null_match_weight}
     summary |= {"curriculum": asdict(curriculum), "seed": seed, "history": history}
     return save_tower(model, output, tokenizer, {"reading_warmup.json": json.dumps(summary, indent=2) + "\n"})
 
 
-__all__ = ["Curriculum", "query_pools", "training_example", "warm_up_encoder", "warm_up_reader"]
+__all__ = [
+    "Curriculum",
+    "query_pools",
+    "training_batch",
+    "training_example",
+    "warm_up_encoder",
+    "warm_up_loss",
+    "warm_up_reader",
+]
