@@ -145,8 +145,9 @@ class Stages:
         """Independent stages at once, each in a fresh spawned child process sharing the cores, its output written to
         OUTPUT/logs/KEY.log: {key: (Stages method, args, kwargs)} -> {key: result}. One timing for the group. What
         each computes does not depend on how the processes interleave (the async refresh swaps each index at a fixed
-        step: `--refresh-lag`). By default as many run at once as there are cores; all_at_once: every call at once,
-        one thread each (for runs of unequal length or a count that does not divide among the cores)."""
+        step: `--refresh-lag`). By default as many run at once as there are cores; all_at_once: every call at once (for
+        runs of unequal length or a count that does not divide among the cores). Each process gets cores // (how
+        many run at once) torch threads, at least one, at most max_threads."""
         import multiprocessing
 
         # As many at once as there are cores: on 2 cores faster than one after another, and than all at once for the

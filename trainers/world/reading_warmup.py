@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -143,8 +144,8 @@ def warm_up_loss(log_prob: torch.Tensor, labels: torch.Tensor, twin_rows: list[i
     loss = -log_prob[:main].gather(1, targets[:, None]).mean()
     if not twin_rows or null_match_weight == 0.0:
         return loss
-    starts = [sum(counts[:row]) for row in range(batch_size)]
-    block = torch.cat([torch.arange(starts[row], starts[row] + counts[row]) for row in twin_rows])
+    starts = [0, *accumulate(counts)]
+    block = torch.cat([torch.arange(starts[row], starts[row + 1]) for row in twin_rows])
     null = log_prob[main:].detach()
     return loss + null_match_weight * (null.exp() * (null - log_prob[block.to(log_prob.device)])).sum(-1).mean()
 
