@@ -23,15 +23,18 @@ from openrealm.trainers.stage_utils import parse_config_overrides
 from openrealm.trainers.towers import load_embedder, load_encoder
 from openrealm.trainers.world import reading_warmup
 from openrealm.trainers.world.reading_tasks import (
+    DISTRACTOR,
     KINDS,
     NAME_WORDS,
     ReadingTasks,
     collate,
     masked_log_prob,
     masked_vocab_log_prob,
+    probe_examples,
     reading_probe,
 )
 from openrealm.trainers.world.reading_warmup import (
+    MIXTURE_KINDS,
     Curriculum,
     query_pools,
     training_batch,
@@ -130,6 +133,22 @@ def test_mentioning_and_without_blocks_are_told_apart_by_the_masked_words(tasks)
         assert all(span not in tasks.texts[b] for b in query.blocks["without"])
         every = [b for kind in KINDS[:-1] for b in query.blocks[kind]]
         assert sorted(every) == [b for b in range(len(tasks.texts)) if b != query.block_id]  # each once, own left out
+
+
+def states_a_fact_of(world, relations: set[str], text: str) -> bool:
+    facts = [fact for fact in world.facts if fact["relation"] in relations]
+    return any(s in text for fact in facts for s in mention_sentences(world, fact))
+
+
+def test_a_distractor_lacks_the_span_and_states_the_same_relation_for_another_entity(world, tasks):
+    found = 0
+    for query in tasks.queries:
+        span = query.sentence[query.span[0] : query.span[1]]
+        relations = {fact["relation"] for fact, _ in tasks.roles(query.sentence, span)}
+        expected = [b for b in query.blocks["without"] if states_a_fact_of(world, relations, tasks.texts[b])]
+        assert list(query.distractors) == expected
+        found += len(expected)
+    assert found > 50  # "Zekutov was born in Pralta" for "Grofestus was born in [MASK]"
 
 
 # -- examples ---------------------------------------------------------------------------------------------------------
@@ -242,6 +261,11 @@ def test_curriculum_mixture_draws_kinds_in_their_shares():
     assert abs(kinds.count("null") / 4000 - 0.25) < 0.03
 
 
+def test_curriculum_mixture_may_weigh_distractors():
+    curriculum = Curriculum(0.0, 0.0, 0.0, {DISTRACTOR: 1.0})
+    assert curriculum.kind(5, 10, random.Random(0)) == DISTRACTOR and curriculum.kinds() == [DISTRACTOR]
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [
@@ -261,7 +285,7 @@ def test_curriculum_refuses_impossible_shares(arguments, message):
 
 def test_training_examples_of_each_kind_hold_the_answer_only_where_that_kind_does(tasks):
     rng, pools = random.Random(0), query_pools(tasks)
-    for kind in ("sentence", *KINDS):
+    for kind in ("sentence", *MIXTURE_KINDS):
         for _ in range(20):
             ids, labels, types = training_example(tasks, kind, rng, pools)
             target = [label for label in labels if label != -100]
@@ -271,8 +295,8 @@ def test_training_examples_of_each_kind_hold_the_answer_only_where_that_kind_doe
                 assert held, kind
             elif kind == "null":
                 assert body == []
-            # "without": the renamed answer is a fresh name, absent from the block
-            if kind == "without":
+            # "without" and its distractors: the renamed answer is a fresh name, absent from the block
+            if kind in ("without", DISTRACTOR):
                 assert not held
 
 
@@ -349,11 +373,23 @@ def test_warm_up_refuses_a_negative_null_match_weight(tasks):
 def test_probe_reports_each_kind_and_the_stating_blocks_worth_over_none(tasks):
     encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0)
     probe = reading_probe(encoder, tasks)
-    assert set(probe["kinds"]) <= set(KINDS) and {"stating", "null"} <= set(probe["kinds"])
+    assert set(probe["kinds"]) <= set(MIXTURE_KINDS) and {"stating", "null", DISTRACTOR} <= set(probe["kinds"])
     assert probe["copy_share"] == probe["kinds"]["stating"]["copy_share"]
     stating, null = probe["kinds"]["stating"]["mean_log_prob"], probe["kinds"]["null"]["mean_log_prob"]
     assert probe["utility"] == pytest.approx(stating - null, abs=1e-3)
     assert probe["copy_share"] == 0.0 and abs(probe["utility"]) < 0.2  # a random encoder reads nothing
+
+
+def test_probe_draws_one_distractor_per_query_having_one_apart_from_the_other_kinds(tasks):
+    examples = probe_examples(tasks)
+    null_queries = [example[0][: example[2].index(1)] for example in examples["null"]]  # [CLS] query [SEP]
+    distractor_queries = [example[0][: example[2].index(1)] for example in examples[DISTRACTOR]]
+    queries = fixed_masked_queries(tasks.tokenizer, tasks.blocks, num_queries=len(tasks.texts), seed=0)
+    having = [
+        tasks.query(b, sentence, tuple(span)).distractors != ()
+        for b, sentence, span in zip(queries["block_id"].tolist(), queries["query_text"], queries["span"].tolist())
+    ]
+    assert distractor_queries == [q for q, has in zip(null_queries, having) if has] and any(having)
 
 
 def test_warm_up_makes_a_stating_block_worth_more_than_no_block(tasks):

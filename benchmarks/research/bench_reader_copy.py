@@ -12,8 +12,10 @@ the share given p > 0.5 ("copies"). REALM's retriever is trained by the differen
 table ranks the masked name among the names of its kind with the null document, to tell an encoder that learned only
 the kind of name a sentence asks for (0.5) from one that learned the facts (0); a third compares the blocks without
 the span that the ICT retriever puts in a query's top 7 (REALM's candidates) with random such blocks and with none,
-to tell whether REALM's candidates cost the reader more than any block lacking the span
-(benchmarks/research/reader_that_reads.md).
+to tell whether REALM's candidates cost the reader more than any block lacking the span; a fourth reads every block
+without the span of every query, split into the distractors (`Query.distractors`: the same relation stated for
+another entity) and the others, with the share of masked wordpieces given log p below -8 (p < 0.0003: a wrong name
+copied with confidence) (benchmarks/research/reader_that_reads.md).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         model = RealmPretrainingModel(embedder, encoder, embedding_dropout=0.0).eval()
         results[folder]["null document rank"] = rank_among_kind(model, candidates, queries, tokenizer, names_by_kind)
         results[folder]["without blocks"] = without_blocks(encoder, embedder, index, tasks, queries, args.seed)
+        results[folder]["misreads"] = misreads(encoder, tasks, queries)
     print(
         "\nWithout a block: the masked name's first wordpiece ranked among the first wordpieces of the other names of"
     )
@@ -93,6 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         value = results[folder]["without blocks"]
         print(f"| {folder} | {value['retrieved']:.2f} ({value['retrieved_blocks']}) | {value['random']:.2f} "
               f"| {value['null']:.2f} |")  # fmt: skip
+    print("\nEvery block without the span of every query: mean and median log p(y|z,x) per masked wordpiece, and the")
+    print(f"share below {MISREAD}, from the distractors (the same relation for another entity) and the others\n")
+    print("| encoder | blocks | wordpieces | mean | median | share below -8 |")
+    print("|---|---|---|---|---|---|")
+    for folder in args.encoders:
+        for name, value in results[folder]["misreads"].items():
+            print(f"| {folder} | {name} | {value['wordpieces']} | {value['mean']:.2f} | {value['median']:.2f} "
+                  f"| {value['misread_share']:.3f} |")  # fmt: skip
     print("\n" + json.dumps({"run": args.run, "encoders": results}))
     return 0
 
@@ -155,6 +166,39 @@ def without_blocks(encoder, embedder, index, tasks, queries, seed: int = 0, k: i
         batches = [collate(examples[j : j + 64]) for j in range(0, len(examples), 64)]
         means[name] = float(torch.cat([masked_log_prob(encoder, batch) for batch in batches]).mean())
     return {**means, "retrieved_blocks": len(rows["retrieved"])}
+
+
+MISREAD = -8.0  # log p(y|z,x) of a masked wordpiece below which the encoder copied another name with confidence
+
+
+@torch.no_grad()
+def misreads(encoder, tasks, queries) -> dict[str, dict[str, float]]:
+    """Over every (query, block without its span) of `queries`: {"distractors" | "others": {"wordpieces", "mean",
+    "median", "misread_share"}}, per masked wordpiece, log p(y|z,x); misread_share: the share below MISREAD."""
+    from openrealm.trainers.world.reading_tasks import collate, masked_log_prob
+
+    rows: dict[str, list] = {"distractors": [], "others": []}
+    for block_id, sentence, span in zip(
+        queries["block_id"].tolist(), queries["query_text"], queries["span"].tolist(), strict=True
+    ):
+        query = tasks.query(block_id, sentence, tuple(span))
+        distractors = set(query.distractors)
+        for block in query.blocks["without"]:
+            rows["distractors" if block in distractors else "others"].append(tasks.example(query, block))
+    out = {}
+    for name, examples in rows.items():
+        if not examples:
+            continue
+        values = torch.cat(
+            [masked_log_prob(encoder, collate(examples[j : j + 64])) for j in range(0, len(examples), 64)]
+        )
+        out[name] = {
+            "wordpieces": len(values),
+            "mean": float(values.mean()),
+            "median": float(values.median()),
+            "misread_share": float((values < MISREAD).float().mean()),
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ that query, one of five kinds (`KINDS`), read off the world's facts rather than 
 - "mentioning": it holds the span's words without stating the fact (REALM's and the oracle reader's "answer block":
   `holds_masked_span`);
 - "without": it does not hold the span; "null": the empty document.
+Among the blocks without the span, the *distractors* (`Query.distractors`) state the same relation for another
+entity ("Zekutov was born in Pralta" for "Grofestus was born in [MASK]"): the blocks a reader that copies without
+checking whose fact a sentence states copies a wrong name from.
 
 Renaming: in every training example each name word (the syllable words of entity names; "River", "Guild"... are kept)
 becomes a random name word of the world, one pool shared by every kind of entity, consistently across the query and
@@ -41,6 +44,7 @@ from openrealm.trainers.stage_utils import eval_mode
 from openrealm.trainers.world.synthetic_world import MONTHS, World
 
 KINDS = ("stating", "ambiguous", "mentioning", "without", "null")
+DISTRACTOR = "distractor"  # a block without the span stating the same relation for another entity (Query.distractors)
 # Words inside entity names that are ordinary words ("Mount X", "X River", "X Trading House"): never renamed.
 NAME_WORDS = frozenset(
     ("river", "mount", "company", "works", "guild", "foundry", "press", "society", "trading", "house", "bank")
@@ -70,6 +74,7 @@ class Query:
     segments: tuple[Segment, ...]
     blocks: dict[str, tuple[int, ...]]
     stating_sentences: dict[int, tuple[Segment, ...]]  # stating or ambiguous block id -> its stating sentence
+    distractors: tuple[int, ...] = ()  # the "without" blocks stating a fact of the same relation (another entity's)
 
 
 class ReadingTasks:
@@ -174,6 +179,10 @@ class ReadingTasks:
         for other in kinds["stating"] + kinds["ambiguous"]:
             found = [s for s in sorted(mentions) if s in self.texts[other]]
             stating_sentences[other] = self.segments(" ".join(found))
+        relations = {fact["relation"] for fact, _ in roles}
+        distractors = [
+            b for b in kinds["without"] if any(f["relation"] in relations for f in self.block_facts[b].values())
+        ]
         return Query(
             block_id,
             sentence,
@@ -181,6 +190,7 @@ class ReadingTasks:
             self.segments(sentence, span),
             {kind: tuple(ids) for kind, ids in kinds.items()},
             stating_sentences,
+            tuple(distractors),
         )
 
     def _block_queries(self, block_id: int, row) -> list[Query]:
@@ -272,12 +282,14 @@ def masked_log_prob(encoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def probe_examples(tasks: ReadingTasks, seed: int = 0) -> dict[str, list]:
     """The probe's examples, the world as it is (no renaming): one query per block drawn as REALM pre-training draws
     them (`fixed_masked_queries` over every block), and for each query one block of each kind it has, drawn at
-    random, plus the null document. {kind: [example, ...]}."""
+    random, plus the null document, and one of its distractors (DISTRACTOR, drawn apart so that the other draws do not
+    depend on them). {kind: [example, ...]}."""
     from openrealm.trainers.pretraining.evaluation import fixed_masked_queries
 
     queries = fixed_masked_queries(tasks.tokenizer, tasks.blocks, num_queries=len(tasks.texts), seed=seed)
-    rng = np.random.default_rng(seed)
+    rng, other = np.random.default_rng(seed), np.random.default_rng(seed + 1)  # other: the distractors' draws
     sets: dict[str, list] = {kind: [] for kind in KINDS}
+    distractors: list = []
     for block_id, sentence, span in zip(
         queries["block_id"].tolist(), queries["query_text"], queries["span"].tolist(), strict=True
     ):
@@ -286,15 +298,20 @@ def probe_examples(tasks: ReadingTasks, seed: int = 0) -> dict[str, list]:
             if blocks:
                 sets[kind].append(tasks.example(query, int(rng.choice(blocks))))
         sets["null"].append(tasks.example(query, None))
+        if query.distractors:
+            distractors.append(tasks.example(query, int(other.choice(query.distractors))))
+    if distractors:
+        sets[DISTRACTOR] = distractors
     return sets
 
 
 @torch.no_grad()
 def reading_probe(encoder, tasks: ReadingTasks, examples: dict[str, list] | None = None, seed: int = 0) -> dict:
     """How well `encoder` reads, per masked wordpiece, in REALM's joint input on the world as it is: for each kind of
-    block (`KINDS`), the count of wordpieces, the mean log p(y|z,x) and the share copied (p > 0.5); at the top,
-    `copy_share` and `stated_log_prob` from a stating block, and `utility`: the stating block's mean log p minus the
-    null document's (what reading the block adds). examples: `probe_examples(tasks, seed)`, built once if None."""
+    block (`KINDS`, and DISTRACTOR where the world has them), the count of wordpieces, the mean log p(y|z,x) and the
+    share copied (p > 0.5); at the top, `copy_share` and `stated_log_prob` from a stating block, and `utility`: the
+    stating block's mean log p minus the null document's (what reading the block adds). examples:
+    `probe_examples(tasks, seed)`, built once if None."""
     examples = probe_examples(tasks, seed) if examples is None else examples
     kinds = {}
     with eval_mode(encoder):
@@ -339,6 +356,7 @@ def probe_encoders(
 
 
 __all__ = [
+    "DISTRACTOR",
     "KINDS",
     "NAME_WORDS",
     "Query",

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from openrealm.trainers.world.reading_tasks import (
+    DISTRACTOR,
     KINDS,
     ReadingTasks,
     collate,
@@ -42,6 +43,8 @@ from openrealm.trainers.world.reading_tasks import (
     probe_examples,
     reading_probe,
 )
+
+MIXTURE_KINDS = (*KINDS, DISTRACTOR)  # what a Curriculum's mixture weighs
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,8 @@ class Curriculum:
     over `ramp_share` of the steps (an example's context comes from the mixture with a probability rising linearly
     from 0 to 1, else it is a stating block): switching at once took a copying encoder back by half its copy share.
     `final_mixture`, when given, replaces `mixture` over the last `final_share` of the steps (a late phase, e.g. more
-    blocks without the span once the encoder copies: benchmarks/research/reader_that_reads.md)."""
+    blocks without the span once the encoder copies: benchmarks/research/reader_that_reads.md). A mixture may also
+    weigh DISTRACTOR: blocks without the span that state the same relation for another entity (`Query.distractors`)."""
 
     sentence_share: float = 0.15
     stating_share: float = 0.3
@@ -73,9 +77,9 @@ class Curriculum:
         for name, mixture in mixtures.items():
             if mixture is None:  # no final phase
                 continue
-            unknown = set(mixture) - set(KINDS)
+            unknown = set(mixture) - set(MIXTURE_KINDS)
             if unknown or any(weight < 0 for weight in mixture.values()) or sum(mixture.values()) <= 0:
-                raise ValueError(f"{name} takes non-negative weights of {KINDS}, not all 0; got {mixture}")
+                raise ValueError(f"{name} takes non-negative weights of {MIXTURE_KINDS}, not all 0; got {mixture}")
 
     def kinds(self) -> list[str]:
         """Every kind of block the mixtures draw (with a weight above 0)."""
@@ -83,7 +87,7 @@ class Curriculum:
         return sorted({kind for mixture in mixtures for kind, weight in mixture.items() if weight > 0})
 
     def kind(self, step: int, steps: int, rng: random.Random) -> str:
-        """The context of one example at `step` of `steps`: "sentence", or one of KINDS."""
+        """The context of one example at `step` of `steps`: "sentence", or one of MIXTURE_KINDS."""
         if step < self.sentence_share * steps:
             return "sentence"
         start, ramp = (self.sentence_share + self.stating_share) * steps, self.ramp_share * steps
@@ -96,13 +100,15 @@ class Curriculum:
 
 
 def training_example(tasks: ReadingTasks, kind: str, rng: random.Random, pools: dict[str, list]):
-    """One renamed example with a context of `kind` ("sentence" or one of KINDS); pools: {kind: the queries having
-    such a block} (`query_pools`)."""
+    """One renamed example with a context of `kind` ("sentence" or one of MIXTURE_KINDS); pools: {kind: the queries
+    having such a block} (`query_pools`)."""
     if kind == "null":
         return tasks.example(rng.choice(tasks.queries), None, rng)
     query = rng.choice(pools["stating" if kind == "sentence" else kind])
     if kind == "sentence":
         return tasks.example(query, query.stating_sentences[rng.choice(query.blocks["stating"])], rng)
+    if kind == DISTRACTOR:
+        return tasks.example(query, rng.choice(query.distractors), rng)
     return tasks.example(query, rng.choice(query.blocks[kind]), rng)
 
 
@@ -151,8 +157,9 @@ def warm_up_loss(log_prob: torch.Tensor, labels: torch.Tensor, twin_rows: list[i
 
 
 def query_pools(tasks: ReadingTasks) -> dict[str, list]:
-    """{kind: the queries with at least one block of that kind} (KINDS but "null")."""
-    return {kind: [q for q in tasks.queries if q.blocks[kind]] for kind in KINDS[:-1]}
+    """{kind: the queries with at least one block of that kind} (MIXTURE_KINDS but "null")."""
+    pools = {kind: [q for q in tasks.queries if q.blocks[kind]] for kind in KINDS[:-1]}
+    return pools | {DISTRACTOR: [q for q in tasks.queries if q.distractors]}
 
 
 def warm_up_reader(
@@ -261,6 +268,7 @@ def warm_up_encoder(
 
 __all__ = [
     "Curriculum",
+    "MIXTURE_KINDS",
     "query_pools",
     "training_batch",
     "training_example",
