@@ -145,7 +145,7 @@ def without_blocks(encoder, embedder, index, tasks, queries, seed: int = 0, k: i
     among the top k of `index` (the embedder's blocks; own block left out), from one such block drawn at random, and
     from no block."""
     from openrealm.trainers.embedding import embed_queries
-    from openrealm.trainers.world.reading_tasks import collate, masked_log_prob
+    from openrealm.trainers.world.reading_tasks import examples_log_prob
 
     query_emb = embed_queries(embedder, queries["query_input_ids"], queries["query_attention_mask"])
     top = index.search(query_emb, k + 1)[1].tolist()
@@ -163,8 +163,7 @@ def without_blocks(encoder, embedder, index, tasks, queries, seed: int = 0, k: i
         rows["null"].append(tasks.example(query, None))
     means = {}
     for name, examples in rows.items():
-        batches = [collate(examples[j : j + 64]) for j in range(0, len(examples), 64)]
-        means[name] = float(torch.cat([masked_log_prob(encoder, batch) for batch in batches]).mean())
+        means[name] = float(examples_log_prob(encoder, examples).mean())
     return {**means, "retrieved_blocks": len(rows["retrieved"])}
 
 
@@ -175,7 +174,7 @@ MISREAD = -8.0  # log p(y|z,x) of a masked wordpiece below which the encoder cop
 def misreads(encoder, tasks, queries) -> dict[str, dict[str, float]]:
     """Over every (query, block without its span) of `queries`: {"distractors" | "others": {"wordpieces", "mean",
     "median", "misread_share"}}, per masked wordpiece, log p(y|z,x); misread_share: the share below MISREAD."""
-    from openrealm.trainers.world.reading_tasks import collate, masked_log_prob
+    from openrealm.trainers.world.reading_tasks import examples_log_prob
 
     rows: dict[str, list] = {"distractors": [], "others": []}
     for block_id, sentence, span in zip(
@@ -189,9 +188,7 @@ def misreads(encoder, tasks, queries) -> dict[str, dict[str, float]]:
     for name, examples in rows.items():
         if not examples:
             continue
-        values = torch.cat(
-            [masked_log_prob(encoder, collate(examples[j : j + 64])) for j in range(0, len(examples), 64)]
-        )
+        values = examples_log_prob(encoder, examples)
         out[name] = {
             "wordpieces": len(values),
             "mean": float(values.mean()),

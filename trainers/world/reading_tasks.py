@@ -279,6 +279,13 @@ def masked_log_prob(encoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return masked_vocab_log_prob(encoder, batch).gather(1, targets[:, None]).squeeze(1)
 
 
+def examples_log_prob(encoder, examples: list, batch_size: int = 64) -> torch.Tensor:
+    """masked_log_prob over a list of `ReadingTasks.example`s, `collate`d `batch_size` at a time: [N] over their
+    masked wordpieces, in order."""
+    batches = (collate(examples[i : i + batch_size]) for i in range(0, len(examples), batch_size))
+    return torch.cat([masked_log_prob(encoder, batch) for batch in batches])
+
+
 def probe_examples(tasks: ReadingTasks, seed: int = 0) -> dict[str, list]:
     """The probe's examples, the world as it is (no renaming): one query per block drawn as REALM pre-training draws
     them (`fixed_masked_queries` over every block), and for each query one block of each kind it has, drawn at
@@ -318,7 +325,7 @@ def reading_probe(encoder, tasks: ReadingTasks, examples: dict[str, list] | None
         for kind, rows in examples.items():
             if not rows:
                 continue
-            values = torch.cat([masked_log_prob(encoder, collate(rows[i : i + 64])) for i in range(0, len(rows), 64)])
+            values = examples_log_prob(encoder, rows)
             kinds[kind] = {
                 "wordpieces": len(values),
                 "mean_log_prob": round(float(values.mean()), 4),
@@ -363,6 +370,7 @@ __all__ = [
     "ReadingTasks",
     "Segment",
     "collate",
+    "examples_log_prob",
     "masked_log_prob",
     "masked_vocab_log_prob",
     "probe_encoders",
