@@ -15,7 +15,11 @@ the span that the ICT retriever puts in a query's top 7 (REALM's candidates) wit
 to tell whether REALM's candidates cost the reader more than any block lacking the span; a fourth reads every block
 without the span of every query, split into the distractors (`Query.distractors`: the same relation stated for
 another entity) and the others, with the share of masked wordpieces given log p below -8 (p < 0.0003: a wrong name
-copied with confidence) (benchmarks/research/reader_that_reads.md).
+copied with confidence); a fifth says where the probability goes from each kind of block: on the wordpieces that fit
+the mask (the i-th wordpiece of each salient span of the masked span's length that the block holds), on the block's
+other wordpieces, and how often the encoder puts more than half of it on the block ("copies"), with the mean log p
+when it does and when it does not: a reader that hedges across the spans that fit, as the ideal readers of
+bench_preflight_kinds.py do, from one that copies one span or none (benchmarks/research/reader_that_reads.md).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         results[folder]["null document rank"] = rank_among_kind(model, candidates, queries, tokenizer, names_by_kind)
         results[folder]["without blocks"] = without_blocks(encoder, embedder, index, tasks, queries, args.seed)
         results[folder]["misreads"] = misreads(encoder, tasks, queries)
+        results[folder]["where p goes"] = where_p_goes(encoder, tasks, examples)
     print(
         "\nWithout a block: the masked name's first wordpiece ranked among the first wordpieces of the other names of"
     )
@@ -104,6 +109,16 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in results[folder]["misreads"].items():
             print(f"| {folder} | {name} | {value['wordpieces']} | {value['mean']:.2f} | {value['median']:.2f} "
                   f"| {value['misread_share']:.3f} |")  # fmt: skip
+    print("\nWhere the probability goes, per masked wordpiece: on the wordpieces that fit (the i-th of each salient")
+    print("span of the masked length the block holds; how many), on the block's other wordpieces; the share on which")
+    print("the block gets p > 0.5 (copies), and the mean log p(y|z,x) when it copies and when it does not\n")
+    print("| encoder | block | p on fitting (how many) | p, rest of block | copies | log p, copying | log p, not |")
+    print("|---|---|---|---|---|---|---|")
+    for folder in args.encoders:
+        for kind, value in results[folder]["where p goes"].items():
+            print(f"| {folder} | {kind} | {value['fitting']:.3f} ({value['fitting_pieces']:.1f}) "
+                  f"| {value['rest_of_block']:.3f} | {value['copies']:.3f} | {value['log_prob_copying']:.2f} "
+                  f"| {value['log_prob_not']:.2f} |")  # fmt: skip
     print("\n" + json.dumps({"run": args.run, "encoders": results}))
     return 0
 
@@ -194,6 +209,58 @@ def misreads(encoder, tasks, queries) -> dict[str, dict[str, float]]:
             "mean": float(values.mean()),
             "median": float(values.median()),
             "misread_share": float((values < MISREAD).float().mean()),
+        }
+    return out
+
+
+@torch.no_grad()
+def where_p_goes(encoder, tasks, examples: dict[str, list]) -> dict[str, dict[str, float]]:
+    """Over the probe's `examples` ({kind: [example, ...]}, probe_examples), per masked wordpiece at place i of a span
+    of n wordpieces: {kind: {"fitting": mean p on the i-th wordpieces of the salient spans of n wordpieces the block
+    holds (the corpus's spans, read off its span offsets), "fitting_pieces": how many such wordpieces, "rest_of_block":
+    mean p on the block's other wordpieces, "copies": the share with p on the block > 0.5, "log_prob_copying" /
+    "log_prob_not": mean log p(y|z,x) on those and on the others (nan where none)}}."""
+    from openrealm.trainers.world.reading_tasks import collate, masked_vocab_log_prob
+
+    tokenizer = tasks.tokenizer
+    spans: dict[int, set[tuple[int, ...]]] = {}  # wordpiece count -> the corpus's salient spans of that length
+    for row in tasks.blocks:
+        for start, end in zip(row["span_char_starts"], row["span_char_ends"]):
+            ids = tuple(tokenizer(row["text"][start:end], add_special_tokens=False)["input_ids"])
+            spans.setdefault(len(ids), set()).add(ids)
+    special = set(tokenizer.all_special_ids)
+    out = {}
+    for kind, rows in examples.items():
+        fitting, pieces, rest, copying, not_copying = [], [], [], [], []
+        for start in range(0, len(rows), 64):
+            chunk = rows[start : start + 64]
+            log_prob = masked_vocab_log_prob(encoder, collate(chunk)).cpu()  # [N, V], row-major over the chunk
+            row = 0
+            for ids, labels, types in chunk:
+                body = [piece for piece, type_id in zip(ids, types) if type_id == 1 and piece not in special]
+                span = [label for label in labels if label != -100]
+                n = len(span)
+                held = {tuple(body[j : j + n]) for j in range(len(body) - n + 1)} & spans.get(n, set())
+                in_block = sorted(set(body))
+                for place, target in enumerate(span):
+                    p = log_prob[row].exp()
+                    fit = sorted({name[place] for name in held})
+                    on_fit = float(p[fit].sum()) if fit else 0.0
+                    on_block = float(p[in_block].sum()) if in_block else 0.0
+                    fitting.append(on_fit)
+                    pieces.append(len(fit))
+                    rest.append(on_block - on_fit)
+                    (copying if on_block > 0.5 else not_copying).append(float(log_prob[row, target]))
+                    row += 1
+        count = len(fitting)
+        out[kind] = {
+            "wordpieces": count,
+            "fitting": float(np.mean(fitting)),
+            "fitting_pieces": float(np.mean(pieces)),
+            "rest_of_block": float(np.mean(rest)),
+            "copies": len(copying) / count,
+            "log_prob_copying": float(np.mean(copying)) if copying else float("nan"),
+            "log_prob_not": float(np.mean(not_copying)) if not_copying else float("nan"),
         }
     return out
 
