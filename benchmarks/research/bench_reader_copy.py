@@ -116,9 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for folder in args.encoders:
         for kind, value in results[folder]["where p goes"].items():
+            copying, not_copying = (
+                "-" if value[key] is None else f"{value[key]:.2f}" for key in ("log_prob_copying", "log_prob_not")
+            )
             print(f"| {folder} | {kind} | {value['fitting']:.3f} ({value['fitting_pieces']:.1f}) "
-                  f"| {value['rest_of_block']:.3f} | {value['copies']:.3f} | {value['log_prob_copying']:.2f} "
-                  f"| {value['log_prob_not']:.2f} |")  # fmt: skip
+                  f"| {value['rest_of_block']:.3f} | {value['copies']:.3f} | {copying} | {not_copying} |")  # fmt: skip
     print("\n" + json.dumps({"run": args.run, "encoders": results}))
     return 0
 
@@ -219,7 +221,7 @@ def where_p_goes(encoder, tasks, examples: dict[str, list]) -> dict[str, dict[st
     of n wordpieces: {kind: {"fitting": mean p on the i-th wordpieces of the salient spans of n wordpieces the block
     holds (the corpus's spans, read off its span offsets), "fitting_pieces": how many such wordpieces, "rest_of_block":
     mean p on the block's other wordpieces, "copies": the share with p on the block > 0.5, "log_prob_copying" /
-    "log_prob_not": mean log p(y|z,x) on those and on the others (nan where none)}}."""
+    "log_prob_not": mean log p(y|z,x) on those and on the others (None where none)}}."""
     from openrealm.trainers.world.reading_tasks import collate, masked_vocab_log_prob
 
     tokenizer = tasks.tokenizer
@@ -259,8 +261,8 @@ def where_p_goes(encoder, tasks, examples: dict[str, list]) -> dict[str, dict[st
             "fitting_pieces": float(np.mean(pieces)),
             "rest_of_block": float(np.mean(rest)),
             "copies": len(copying) / count,
-            "log_prob_copying": float(np.mean(copying)) if copying else float("nan"),
-            "log_prob_not": float(np.mean(not_copying)) if not_copying else float("nan"),
+            "log_prob_copying": float(np.mean(copying)) if copying else None,
+            "log_prob_not": float(np.mean(not_copying)) if not_copying else None,
         }
     return out
 
