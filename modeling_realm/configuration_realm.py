@@ -50,6 +50,9 @@ class RealmConfig(PreTrainedConfig):
       in training mode (the retriever loss is computed over all of them); `reader_seq_len`: length of the reader input
       `[CLS] question [SEP] block [SEP]`.
     - `num_block_records`: size of the knowledge corpus the checkpoint was trained with (informational).
+    - `copy_head`: the knowledge-augmented encoder also points at the document's wordpieces (`RealmCopyHead`), a
+      departure from BERT's MLM head for small readers (docs/pretraining.md, "Departures"); off in every published
+      checkpoint.
 
     `pad_token_id=1` is kept as published (the BERT vocabulary's `[PAD]` is 0): it only decides which embedding row
     gets no gradient, and keeping it lets the Hub configs round-trip unchanged. Unknown keys of legacy configs
@@ -79,6 +82,7 @@ class RealmConfig(PreTrainedConfig):
     reader_seq_len: int = 320
     num_block_records: int = 13353718
     searcher_beam_size: int = 5000
+    copy_head: bool = False
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
     eos_token_id: int | None = 2

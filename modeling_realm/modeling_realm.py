@@ -147,6 +147,58 @@ class RealmScorerProjection(nn.Module):
         return self.LayerNorm(self.dense(pooled_output))
 
 
+class RealmCopyHead(nn.Module):
+    """A pointer over the document's wordpieces beside the MLM head (Merity et al. 2017, "Pointer Sentinel Mixture
+    Models"; with See et al. 2017's gate, "Get To The Point", section 2.2): p(w) = g * sum_{j in document, x_j = w}
+    a_j + (1 - g) * p_MLM(w), a = softmax_j(q(h) . k(h_j) / sqrt(d)) over the document's wordpieces,
+    g = sigmoid(gate(h)) (0.5 at initialisation); g = 0 where the document is empty (the null document).
+
+    Why: a small MLM head puts its probability on one wordpiece of the document or on none; it cannot spread it over
+    the k names a document holds when it does not tell which one answers, while a pointer can
+    (benchmarks/research/reader_that_reads.md, "A head that can hedge"). A departure from BERT, off by default
+    (`RealmConfig.copy_head`).
+    """
+
+    def __init__(self, config: RealmConfig):
+        super().__init__()
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.gate = nn.Linear(config.hidden_size, 1)
+
+    def forward(
+        self,
+        hidden_at: torch.Tensor,
+        vocab_log_prob: torch.Tensor,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        document_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """hidden_at [..., M, D] and the MLM head's vocab_log_prob [..., M, V] at M positions of sequences whose
+        hidden states are hidden [..., L, D], wordpieces input_ids [..., L] and document wordpieces document_mask
+        [..., L] -> log p [..., M, V] (float32)."""
+        scores = torch.einsum("...md,...ld->...ml", self.query(hidden_at), self.key(hidden)).float()
+        scores = scores / hidden.shape[-1] ** 0.5
+        document = document_mask.bool()[..., None, :].expand_as(scores)
+        attention = scores.masked_fill(~document, torch.finfo(scores.dtype).min).softmax(-1)
+        index = input_ids[..., None, :].expand_as(scores)
+        copy = torch.zeros_like(vocab_log_prob).scatter_add(-1, index, attention * document)
+        gate = self.gate(hidden_at).float()  # [..., M, 1]
+        mixed = torch.logaddexp(
+            nn.functional.logsigmoid(gate) + copy.clamp_min(1e-30).log(),
+            nn.functional.logsigmoid(-gate) + vocab_log_prob,
+        )
+        has_document = document_mask.bool().any(-1)[..., None, None]
+        return torch.where(has_document, mixed, vocab_log_prob)
+
+
+def document_mask(token_type_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The document's wordpieces in `[CLS] query [SEP] document [SEP]` rows [..., L]: segment B without its closing
+    [SEP] (a bool mask [..., L]; none for the null document, whose segment B is the [SEP] alone)."""
+    document = (token_type_ids == 1) & attention_mask.bool()
+    closing = document & (document.long().cumsum(-1) == document.long().sum(-1, keepdim=True))
+    return document & ~closing
+
+
 def span_candidates(seq_len: int, max_span_width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """All spans of width 1..max_span_width, listed width-major (as the published reader was trained).
 
@@ -796,10 +848,49 @@ class RealmKnowledgeAugEncoder(RealmPreTrainedModel):
         super().__init__(config)
         self.realm = BertModel(config)
         self.cls = BertOnlyMLMHead(config)
+        self.copy_head = RealmCopyHead(config) if config.copy_head else None
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.cls.predictions.decoder
+
+    def prediction_scores(
+        self,
+        hidden_states: torch.Tensor,
+        input_ids: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The MLM head's logits at every position of rows hidden_states [S, L, D] -> [S, L, V]; with
+        `config.copy_head`, log p (float32, normalised): the head's softmax mixed with the pointer over each row's
+        document (input_ids / token_type_ids / attention_mask [S, L], read only then)."""
+        scores = self.cls(hidden_states)
+        if self.copy_head is None:
+            return scores
+        document = document_mask(token_type_ids, attention_mask)
+        return self.copy_head(hidden_states, scores.float().log_softmax(-1), hidden_states, input_ids, document)
+
+    def masked_log_prob(
+        self,
+        hidden_states: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """log p(.|z, x) (float32) at N positions: `rows` [N] and `positions` [N] of hidden_states [B, ..., L, D]
+        (e.g. [B, K, L, D], one row per candidate) with input_ids / token_type_ids / attention_mask [B, ..., L] ->
+        [N, ..., V]: the MLM head's softmax there (the head runs at those positions only), mixed with the copy head's
+        pointer over each row's document where `config.copy_head`."""
+        hidden_at = hidden_states[rows, ..., positions, :]
+        vocab_log_prob = self.cls(hidden_at).float().log_softmax(-1)
+        if self.copy_head is None:
+            return vocab_log_prob
+        document = document_mask(token_type_ids[rows], attention_mask[rows])
+        return self.copy_head(
+            hidden_at[..., None, :], vocab_log_prob[..., None, :], hidden_states[rows], input_ids[rows], document
+        ).squeeze(-2)
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.cls.predictions.decoder = new_embeddings
@@ -820,11 +911,17 @@ class RealmKnowledgeAugEncoder(RealmPreTrainedModel):
         return_dict: bool | None = None,
     ) -> MaskedLMOutput | tuple:
         """input_ids [B, C, L] (or [B*C, L]), relevance_score [B, C], labels [B, L] (-100 = not a target),
-        mlm_mask [B, L] (1 at the masked positions; defaults to labels != -100) -> loss, logits [B*C, L, V].
+        mlm_mask [B, L] (1 at the masked positions; defaults to labels != -100) -> loss, logits [B*C, L, V] (with
+        `config.copy_head`, log p: the MLM head mixed with the pointer over the document, `RealmCopyHead`).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labels is not None and relevance_score is None:
             raise ValueError("RealmKnowledgeAugEncoder needs relevance_score [B, C] to compute the loss from labels.")
+        if self.copy_head is not None and (input_ids is None or token_type_ids is None or attention_mask is None):
+            raise ValueError(
+                "the copy head (config.copy_head) needs input_ids, token_type_ids and attention_mask: it points at "
+                "the document's wordpieces"
+            )
         outputs = self.realm(
             flatten_candidates(input_ids),
             attention_mask=flatten_candidates(attention_mask),
@@ -837,7 +934,12 @@ class RealmKnowledgeAugEncoder(RealmPreTrainedModel):
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        prediction_scores = self.cls(outputs.last_hidden_state)
+        prediction_scores = self.prediction_scores(
+            outputs.last_hidden_state,
+            flatten_candidates(input_ids),
+            flatten_candidates(token_type_ids),
+            flatten_candidates(attention_mask),
+        )
 
         loss = None
         if labels is not None:

@@ -287,7 +287,7 @@ def test_training_examples_of_each_kind_hold_the_answer_only_where_that_kind_doe
     rng, pools = random.Random(0), query_pools(tasks)
     for kind in ("sentence", *MIXTURE_KINDS):
         for _ in range(20):
-            ids, labels, types = training_example(tasks, kind, rng, pools)
+            (ids, labels, types), _ = training_example(tasks, kind, rng, pools)
             target = [label for label in labels if label != -100]
             body = [token for token, segment in zip(ids, types) if segment == 1][:-1]  # less the final [SEP]
             held = any(body[i : i + len(target)] == target for i in range(len(body)))
@@ -313,9 +313,9 @@ def test_a_null_twin_is_the_same_renamed_query_over_no_block(tasks):
 def test_null_twins_leave_the_batch_drawn_as_without_them(tasks):
     pools = query_pools(tasks)
     kinds = iter(["stating", "without", "null", "without", "mentioning"] * 2)
-    plain, none, _ = training_batch(tasks, lambda: next(kinds), 5, random.Random(7), pools)
+    plain, none, _, _ = training_batch(tasks, lambda: next(kinds), 5, random.Random(7), pools)
     kinds = iter(["stating", "without", "null", "without", "mentioning"] * 2)
-    twinned, twins, rows = training_batch(tasks, lambda: next(kinds), 5, random.Random(7), pools, null_twins=True)
+    twinned, twins, rows, _ = training_batch(tasks, lambda: next(kinds), 5, random.Random(7), pools, null_twins=True)
     assert twinned == plain and none == [] and rows == [1, 3]
     assert [twin[0][: len(twin[0]) - 1] for twin in twins] == [
         twinned[row][0][: len(twin[0]) - 1] for row, twin in zip(rows, twins)
@@ -359,6 +359,63 @@ def test_warm_up_loss_holds_the_null_prediction_fixed(tasks):
     example_tokens = int((batch["labels"][0] != -100).sum())
     assert log_prob.grad[:example_tokens].abs().sum() > 0
     assert log_prob.grad[example_tokens:].abs().sum() == 0  # exact: no gradient reaches the null twin
+
+
+def test_fitting_lists_the_ith_wordpiece_of_each_name_of_the_masked_length_the_block_holds(tasks):
+    rng, pools = random.Random(4), query_pools(tasks)
+    for query in pools["mentioning"][:10]:
+        block = query.blocks["mentioning"][0]
+        mapping = tasks.renaming(query.segments + tasks.block_segments[block], rng)
+        ids, labels, types = tasks.example(query, block, mapping=mapping)
+        targets = [label for label in labels if label != -100]
+        body = [token for token, segment in zip(ids, types) if segment == 1][:-1]
+        held = [tuple(body[i : i + len(targets)]) for i in range(len(body) - len(targets) + 1)]
+        fits = tasks.fitting(query, block, mapping)
+        assert len(fits) == len(targets)
+        for place, (target, fit) in enumerate(zip(targets, fits)):
+            assert fit == sorted(set(fit)) and set(fit) <= set(body)
+            # a mentioning block holds the masked span itself, renamed as in the query
+            assert tuple(targets) in held and target in fit, (place, target, fit)
+
+
+def test_only_blocks_that_hold_names_without_stating_the_fact_get_fits(tasks):
+    rng, pools = random.Random(0), query_pools(tasks)
+    for kind in ("sentence", *MIXTURE_KINDS):
+        for _ in range(10):
+            (ids, labels, types), fits = training_example(tasks, kind, rng, pools)
+            assert len(fits) == sum(label != -100 for label in labels)
+            if kind not in reading_warmup.HEDGE_KINDS:
+                assert fits == [[]] * len(fits), kind
+    assert set(reading_warmup.HEDGE_KINDS) == {"mentioning", "without", DISTRACTOR}
+
+
+def test_warm_up_loss_hedges_over_the_fits_with_the_hedge_weight(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0).eval()
+    query = query_pools(tasks)["mentioning"][0]
+    mapping = tasks.renaming(query.segments + tasks.block_segments[query.blocks["mentioning"][0]], random.Random(1))
+    example = tasks.example(query, query.blocks["mentioning"][0], mapping=mapping)
+    fits = tasks.fitting(query, query.blocks["mentioning"][0], mapping)
+    other = tasks.example(tasks.queries[0], tasks.queries[0].block_id, random.Random(2))
+    batch = collate([other, example])
+    all_fits = [[] for label in other[1] if label != -100] + fits
+    with torch.no_grad():
+        log_prob = masked_vocab_log_prob(encoder, batch)
+        loss = warm_up_loss(log_prob, batch["labels"], [], 0.0, all_fits, 0.25)
+        unhedged = warm_up_loss(log_prob, batch["labels"], [], 0.0, all_fits, 0.0)
+    targets = batch["labels"][batch["labels"] != -100]
+    true = -log_prob.gather(1, targets[:, None]).squeeze(1)
+    spread = torch.tensor([-log_prob[row, fit].mean() if fit else 0.0 for row, fit in enumerate(all_fits)])
+    hedged = torch.tensor([bool(fit) for fit in all_fits])
+    expected = torch.where(hedged, 0.75 * true + 0.25 * spread, true).mean()
+    assert hedged.sum() == len(fits) > 0
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert unhedged.item() == pytest.approx(true.mean().item(), rel=1e-6)
+
+
+def test_warm_up_refuses_a_hedge_weight_outside_0_1(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0)
+    with pytest.raises(ValueError, match="hedge_weight must be within"):
+        reading_warmup.warm_up_reader(encoder, tasks, steps=1, hedge_weight=1.5)
 
 
 def test_warm_up_refuses_a_negative_null_match_weight(tasks):
@@ -432,7 +489,7 @@ def test_command_saves_the_trained_encoder_with_its_history(world_folder, tmp_pa
     )
     summary = json.loads((tmp_path / "reader" / "reading_warmup.json").read_text())
     assert summary["steps"] == 3 and [entry["step"] for entry in summary["history"]] == [0, 3]
-    assert summary["null_match_weight"] == 0.0
+    assert summary["null_match_weight"] == 0.0 and summary["hedge_weight"] == 0.0
     assert summary["curriculum"] == {"sentence_share": 0.15, "stating_share": 0.3, "ramp_share": 0.3,
                                      "mixture": Curriculum().mixture, "final_share": 0.0,
                                      "final_mixture": None}  # fmt: skip

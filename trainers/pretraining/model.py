@@ -252,9 +252,14 @@ class RealmPretrainingModel(nn.Module):
         targets = labels[rows, positions]
         loss = None
         if self.masked_positions_only:
-            vocab_log_prob = self.encoder.cls(hidden[rows, :, positions]).float().log_softmax(-1)  # [N, K, V]
+            vocab_log_prob = self.encoder.masked_log_prob(  # [N, K, V]
+                hidden, rows, positions, joint_input_ids, joint_token_type_ids, joint_attention_mask
+            )
         else:
-            logits = self.encoder.cls(hidden.flatten(0, 1))  # [B*K, Lj, V]
+            logits = self.encoder.prediction_scores(  # [B*K, Lj, V]
+                hidden.flatten(0, 1),
+                *map(flatten_candidates, (joint_input_ids, joint_token_type_ids, joint_attention_mask)),
+            )
             vocab_log_prob = logits.float().log_softmax(-1).view(*hidden.shape[:3], -1)[rows, :, positions]
             loss = RealmKnowledgeAugEncoder.marginal_mlm_loss(logits, relevance_score, labels, mask)
         token_log_prob = vocab_log_prob.gather(-1, targets[:, None, None].expand(-1, num_candidates, 1)).squeeze(-1)

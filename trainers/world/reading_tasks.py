@@ -109,6 +109,11 @@ class ReadingTasks:
             for text in self.texts
         ]
         self.block_segments = [self.segments(text) for text in self.texts]
+        # each block's salient spans (REALM's masking units) as segments, to spell them as an example renames them
+        self.block_spans = [
+            tuple(self.segments(row["text"][s:e]) for s, e in zip(row["span_char_starts"], row["span_char_ends"]))
+            for row in blocks
+        ]
         self.queries = [query for block_id, row in enumerate(blocks) for query in self._block_queries(block_id, row)]
         if not any(q.blocks["stating"] for q in self.queries):
             raise ValueError("no block of the corpus states a fact of another block's sentence: nothing to read")
@@ -226,27 +231,40 @@ class ReadingTasks:
         )
         if mapping is None:
             mapping = self.renaming(query.segments + body_segments, rng) if rng is not None else {}
-        spell = lambda s: mapping.get(s.key, s.ids) if s.key is not None else s.ids  # noqa: E731
         query_ids, targets, positions = [], [], []
         for segment in query.segments:
-            ids = spell(segment)
+            ids = spell(segment, mapping)
             if segment.masked:
                 positions += range(len(query_ids), len(query_ids) + len(ids))
                 targets += ids
                 ids = [self.tokenizer.mask_token_id] * len(ids)
             query_ids += ids
-        body = [i for segment in body_segments for i in spell(segment)]
+        body = [i for segment in body_segments for i in spell(segment, mapping)]
         joint = joint_inputs(query_ids, body, self.tokenizer, self.joint_seq_len)
         labels = [-100] * len(joint["input_ids"])
         for position, target in zip(positions, targets):
             labels[1 + position] = target  # after [CLS]
         return joint["input_ids"], labels, joint["token_type_ids"]
 
+    def fitting(self, query: Query, block_id: int, mapping: dict[str, tuple[int, ...]]) -> list[list[int]]:
+        """For each masked wordpiece of `query` (place i of its n, spelled by `mapping` as `example` spells them): the
+        sorted distinct i-th wordpieces of the salient spans of n wordpieces block `block_id` holds, spelled alike.
+        These are what a reader that cannot tell which of the block's names answers the query may bet on."""
+        n = sum(len(spell(segment, mapping)) for segment in query.segments if segment.masked)
+        spans = {tuple(i for s in span for i in spell(s, mapping)) for span in self.block_spans[block_id]}
+        spans = [span for span in spans if len(span) == n]
+        return [sorted({span[place] for span in spans}) for place in range(n)]
+
     def with_null_twin(self, query: Query, block_id: int, rng: random.Random) -> tuple[tuple, tuple]:
         """(the query over block `block_id`, the same query over the null document), renamed alike: the pair on which
         a reader's prediction from a block can be compared with its prediction from no block."""
         mapping = self.renaming(query.segments + self.block_segments[block_id], rng)
         return self.example(query, block_id, mapping=mapping), self.example(query, None, mapping=mapping)
+
+
+def spell(segment: Segment, mapping: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """A segment's wordpieces under a renaming (`ReadingTasks.renaming`): its new spelling if it is a renamed key."""
+    return mapping.get(segment.key, segment.ids) if segment.key is not None else segment.ids
 
 
 def collate(examples: list[tuple[list[int], list[int], list[int]]], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
@@ -269,7 +287,10 @@ def masked_vocab_log_prob(encoder, batch: dict[str, torch.Tensor]) -> torch.Tens
     hidden = encoder.realm(
         batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
     ).last_hidden_state
-    return encoder.cls(hidden[batch["labels"] != -100]).float().log_softmax(-1)
+    rows, positions = (batch["labels"] != -100).nonzero(as_tuple=True)
+    return encoder.masked_log_prob(
+        hidden, rows, positions, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+    )
 
 
 def masked_log_prob(encoder, batch: dict[str, torch.Tensor]) -> torch.Tensor:

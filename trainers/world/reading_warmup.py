@@ -99,17 +99,24 @@ class Curriculum:
         return rng.choices(kinds, weights=[mixture[kind] for kind in kinds])[0]
 
 
+HEDGE_KINDS = ("mentioning", "without", DISTRACTOR)  # blocks that hold names but do not state the query's fact
+
+
 def training_example(tasks: ReadingTasks, kind: str, rng: random.Random, pools: dict[str, list]):
-    """One renamed example with a context of `kind` ("sentence" or one of MIXTURE_KINDS); pools: {kind: the queries
-    having such a block} (`query_pools`)."""
+    """(example, fits): one renamed example with a context of `kind` ("sentence" or one of MIXTURE_KINDS), and for
+    each of its masked wordpieces the wordpieces of the block's names that fit it (`ReadingTasks.fitting`) where the
+    block is of HEDGE_KINDS, else empty lists; pools: {kind: the queries having such a block} (`query_pools`)."""
     if kind == "null":
-        return tasks.example(rng.choice(tasks.queries), None, rng)
+        example = tasks.example(rng.choice(tasks.queries), None, rng)
+        return example, [[] for label in example[1] if label != -100]
     query = rng.choice(pools["stating" if kind == "sentence" else kind])
     if kind == "sentence":
-        return tasks.example(query, query.stating_sentences[rng.choice(query.blocks["stating"])], rng)
-    if kind == DISTRACTOR:
-        return tasks.example(query, rng.choice(query.distractors), rng)
-    return tasks.example(query, rng.choice(query.blocks[kind]), rng)
+        example = tasks.example(query, query.stating_sentences[rng.choice(query.blocks["stating"])], rng)
+        return example, [[] for label in example[1] if label != -100]
+    block = rng.choice(query.distractors) if kind == DISTRACTOR else rng.choice(query.blocks[kind])
+    mapping = tasks.renaming(query.segments + tasks.block_segments[block], rng)  # as `example` would draw it
+    fits = tasks.fitting(query, block, mapping)
+    return tasks.example(query, block, mapping=mapping), fits if kind in HEDGE_KINDS else [[] for _ in fits]
 
 
 def training_batch(
@@ -119,35 +126,64 @@ def training_batch(
     rng: random.Random,
     pools: dict[str, list],
     null_twins: bool = False,
-) -> tuple[list, list, list[int]]:
-    """(examples, twins, rows): `batch_size` `training_example`s, each of a kind `draw_kind()` draws just before it;
-    with null_twins, an example over a block without the span also gives its null twin (`ReadingTasks.with_null_twin`,
-    the example drawn as it is alone) and `rows` says which examples the twins belong to."""
-    examples, twins, rows = [], [], []
+) -> tuple[list, list, list[int], list[list[int]]]:
+    """(examples, twins, rows, fits): `batch_size` `training_example`s, each of a kind `draw_kind()` draws just
+    before it; with null_twins, an example over a block without the span also gives its null twin
+    (`ReadingTasks.with_null_twin`, the example drawn as it is alone) and `rows` says which examples the twins belong
+    to; fits: the examples' `training_example` fits, concatenated (one list per masked wordpiece, in order)."""
+    examples, twins, rows, fits = [], [], [], []
     for _ in range(batch_size):
         kind = draw_kind()
         if null_twins and kind == "without":
             query = rng.choice(pools[kind])
-            example, twin = tasks.with_null_twin(query, rng.choice(query.blocks[kind]), rng)
+            block = rng.choice(query.blocks[kind])
+            example, twin = tasks.with_null_twin(query, block, rng)
             rows.append(len(examples))
             twins.append(twin)
+            fits += [[] for label in example[1] if label != -100]  # the twin's loss, not a hedge, pays this block
         else:
-            example = training_example(tasks, kind, rng, pools)
+            example, example_fits = training_example(tasks, kind, rng, pools)
+            fits += example_fits
         examples.append(example)
-    return examples, twins, rows
+    return examples, twins, rows, fits
 
 
-def warm_up_loss(log_prob: torch.Tensor, labels: torch.Tensor, twin_rows: list[int], null_match_weight: float):
+def warm_up_loss(
+    log_prob: torch.Tensor,
+    labels: torch.Tensor,
+    twin_rows: list[int],
+    null_match_weight: float,
+    fits: list[list[int]] | None = None,
+    hedge_weight: float = 0.0,
+):
     """The warm-up's loss from `masked_vocab_log_prob` [N, V] of a `collate`d batch of B examples followed by the
     null twins of its rows `twin_rows` (labels [B + T, L]): the masked-LM loss over the B examples' masked wordpieces,
     plus null_match_weight times the mean over the twinned examples' wordpieces of KL(p(.|null, x) || p(.|block,
     x)), the null document's prediction held fixed: a block without the span is paid for predicting what no block
-    predicts, rather than the names it holds."""
+    predicts, rather than the names it holds.
+
+    hedge_weight > 0, with `fits` (one list of wordpiece ids per masked wordpiece of the B examples): where a
+    wordpiece's list is not empty its target is (1 - hedge_weight) on the true wordpiece and hedge_weight spread evenly
+    over the listed ones (the block's names that fit): a block that holds names without stating the fact is paid for
+    a hedge across them rather than a bet on one (benchmarks/research/reader_that_reads.md, "A head that can
+    hedge")."""
     counts = (labels != -100).sum(1).tolist()
     batch_size = len(counts) - len(twin_rows)
     main = sum(counts[:batch_size])
     targets = labels[labels != -100][:main].to(log_prob.device)
-    loss = -log_prob[:main].gather(1, targets[:, None]).mean()
+    token_loss = -log_prob[:main].gather(1, targets[:, None]).squeeze(1)
+    if hedge_weight > 0.0 and fits is not None and any(fits):
+        if len(fits) != main:
+            raise ValueError(f"fits has {len(fits)} lists for {main} masked wordpieces")
+        rows = [row for row, fit in enumerate(fits) if fit]
+        row_of = torch.tensor([row for row in rows for _ in fits[row]], device=log_prob.device)
+        ids = torch.tensor([piece for row in rows for piece in fits[row]], device=log_prob.device)
+        weights = torch.tensor([1.0 / len(fits[row]) for row in rows for _ in fits[row]], device=log_prob.device)
+        hedge = torch.zeros(main, device=log_prob.device).index_add(0, row_of, -log_prob[row_of, ids] * weights)
+        hedged = torch.zeros(main, dtype=torch.bool, device=log_prob.device)
+        hedged[rows] = True
+        token_loss = torch.where(hedged, (1.0 - hedge_weight) * token_loss + hedge_weight * hedge, token_loss)
+    loss = token_loss.mean()
     if not twin_rows or null_match_weight == 0.0:
         return loss
     starts = [0, *accumulate(counts)]
@@ -173,15 +209,19 @@ def warm_up_reader(
     seed: int = 0,
     eval_every: int = 500,
     null_match_weight: float = 0.0,
+    hedge_weight: float = 0.0,
 ) -> list[dict]:
     """Train `encoder` (a RealmKnowledgeAugEncoder, in place) on `tasks` by `curriculum`: AdamW (weight decay 0.01),
     linear warm-up over `warmup_steps` then linear decay to 0, gradients clipped at 1. Returns the history of
     `reading_probe` (its top-level numbers and each kind's mean log p), every `eval_every` steps and at the end.
     null_match_weight > 0: blocks without the span are also paid for matching the null document's prediction
-    (`warm_up_loss`; their null twins cost one more short input each). Runs on the GPU where there is one; the
-    encoder stays there."""
+    (`warm_up_loss`; their null twins cost one more short input each). hedge_weight > 0: blocks of HEDGE_KINDS are
+    paid for a hedge across the names that fit (`warm_up_loss`). Runs on the GPU where there is one; the encoder
+    stays there."""
     if null_match_weight < 0:
         raise ValueError(f"null_match_weight must be >= 0, got {null_match_weight}")
+    if not 0.0 <= hedge_weight <= 1.0:
+        raise ValueError(f"hedge_weight must be within [0, 1], got {hedge_weight}")
     curriculum = curriculum or Curriculum()
     pools = query_pools(tasks)
     for kind in ("stating", *[k for k in curriculum.kinds() if k != "null"]):
@@ -210,11 +250,12 @@ def warm_up_reader(
             )
         if step == steps:
             break
-        examples, twins, rows = training_batch(
+        examples, twins, rows, fits = training_batch(
             tasks, partial(curriculum.kind, step, steps, rng), batch_size, rng, pools, null_match_weight > 0
         )
         batch = collate(examples + twins, tasks.tokenizer.pad_token_id)
-        loss = warm_up_loss(masked_vocab_log_prob(encoder, batch), batch["labels"], rows, null_match_weight)
+        log_prob = masked_vocab_log_prob(encoder, batch)
+        loss = warm_up_loss(log_prob, batch["labels"], rows, null_match_weight, fits, hedge_weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
         optimizer.step()
@@ -236,6 +277,7 @@ def warm_up_encoder(
     curriculum: Curriculum | None = None,
     seed: int = 0,
     null_match_weight: float = 0.0,
+    hedge_weight: float = 0.0,
 ) -> Path:
     """Warm up `encoder` ("random", sized by `config_overrides` k=v,..., or a REALM/BERT encoder folder to continue) on
     a world folder (`openrealm world`) and its corpus folder (whose tokenizer it uses), and save it with its tokenizer
@@ -257,17 +299,18 @@ def warm_up_encoder(
     )
     history = warm_up_reader(
         model, tasks, steps, batch_size, learning_rate, curriculum=curriculum, seed=seed,
-        null_match_weight=null_match_weight,
+        null_match_weight=null_match_weight, hedge_weight=hedge_weight,
     )  # fmt: skip
     summary = {"world": str(world), "corpus": str(corpus), "encoder": encoder, "config_overrides": config_overrides}
     summary |= {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate}
-    summary |= {"null_match_weight": null_match_weight}
+    summary |= {"null_match_weight": null_match_weight, "hedge_weight": hedge_weight}
     summary |= {"curriculum": asdict(curriculum), "seed": seed, "history": history}
     return save_tower(model, output, tokenizer, {"reading_warmup.json": json.dumps(summary, indent=2) + "\n"})
 
 
 __all__ = [
     "Curriculum",
+    "HEDGE_KINDS",
     "MIXTURE_KINDS",
     "query_pools",
     "training_batch",
