@@ -102,21 +102,26 @@ class Curriculum:
 HEDGE_KINDS = ("mentioning", "without", DISTRACTOR)  # blocks that hold names but do not state the query's fact
 
 
+def no_fits(example) -> list[list[int]]:
+    """An empty list of fits for each masked wordpiece of `example` (no hedge asked of it)."""
+    return [[] for label in example[1] if label != -100]
+
+
 def training_example(tasks: ReadingTasks, kind: str, rng: random.Random, pools: dict[str, list]):
     """(example, fits): one renamed example with a context of `kind` ("sentence" or one of MIXTURE_KINDS), and for
     each of its masked wordpieces the wordpieces of the block's names that fit it (`ReadingTasks.fitting`) where the
     block is of HEDGE_KINDS, else empty lists; pools: {kind: the queries having such a block} (`query_pools`)."""
     if kind == "null":
         example = tasks.example(rng.choice(tasks.queries), None, rng)
-        return example, [[] for label in example[1] if label != -100]
+        return example, no_fits(example)
     query = rng.choice(pools["stating" if kind == "sentence" else kind])
     if kind == "sentence":
         example = tasks.example(query, query.stating_sentences[rng.choice(query.blocks["stating"])], rng)
-        return example, [[] for label in example[1] if label != -100]
+        return example, no_fits(example)
     block = rng.choice(query.distractors) if kind == DISTRACTOR else rng.choice(query.blocks[kind])
     mapping = tasks.renaming(query.segments + tasks.block_segments[block], rng)  # as `example` would draw it
-    fits = tasks.fitting(query, block, mapping)
-    return tasks.example(query, block, mapping=mapping), fits if kind in HEDGE_KINDS else [[] for _ in fits]
+    example = tasks.example(query, block, mapping=mapping)
+    return example, tasks.fitting(query, block, mapping) if kind in HEDGE_KINDS else no_fits(example)
 
 
 def training_batch(
@@ -140,7 +145,7 @@ def training_batch(
             example, twin = tasks.with_null_twin(query, block, rng)
             rows.append(len(examples))
             twins.append(twin)
-            fits += [[] for label in example[1] if label != -100]  # the twin's loss, not a hedge, pays this block
+            fits += no_fits(example)  # the twin's loss, not a hedge, pays this block
         else:
             example, example_fits = training_example(tasks, kind, rng, pools)
             fits += example_fits
