@@ -95,22 +95,27 @@ def test_claims_name_a_missing_ablation_row():
         table2_claims(missing)
 
 
-@pytest.fixture
-def report(tmp_path) -> str:
+def write(tmp_path, ablations: list[dict]) -> str:
+    """The report of a run with PAPER's curve and the given Table 2 rows."""
     history = [
         {"step": step, "eval_retrieval_utility": utility, "eval_recall@5": recall / 100, "eval_mlm_accuracy": 0.3,
-         "eval_num_queries": 40}
-        for step, utility, recall in zip((0, 200, 400), (0.1, 0.3, 0.5), (20.0, 27.0, 35.0), strict=True)
+         "eval_null_doc_prob": null, "eval_num_queries": 40}
+        for step, utility, recall, null in zip(
+            (0, 200, 400), (0.1, 0.3, 0.5), (20.0, 27.0, 35.0), (0.02, 0.61, 0.7), strict=True
+        )
     ]  # fmt: skip
     openqa = {"exact_match": 30.0, "recall@1": 40.0, "recall@5": 60.0, "recall@10": 70.0, "reader_oracle": 50.0}
     runs = {name: dict(openqa) for name in ("realm", "no-pretraining", "realm-reader-bm25")}
     demo = [{"question": "Where was Bo born?", "answer": "Kel", "expected": ["Kel"], "block_id": 3, "title": "Bo"}]
     world = {"ict_start_recall_at_5": 13.9, "bm25_recall_at_5": 99.0, "perfect_reader_bound_recall_at_5": 80.0}
     claims = table2_claims(with_recall(PAPER, "stale_index", 36.0))
-    path = write_report(
-        tmp_path, "default", 0, {"world": 1.0}, history, runs, demo, PAPER["ablations"], world, claims, READER
-    )
+    path = write_report(tmp_path, "default", 0, {"world": 1.0}, history, runs, demo, ablations, world, claims, READER)
     return path.read_text()
+
+
+@pytest.fixture
+def report(tmp_path) -> str:
+    return write(tmp_path, PAPER["ablations"])
 
 
 def probe(copy_share: float, stated: float, null: float) -> dict:
@@ -141,3 +146,23 @@ def test_report_says_which_claims_hold_on_the_run(report):
     stale = "| zero-shot recall@5: REALM >= the index never refreshed + 5 points | 38.5 vs 36.0 |"
     assert stale in report and f"{stale} 38.5 vs 15.1, 30x stale (+23.4) | **no** |" in report
     assert f"{len(CLAIMS) - 1} of {len(CLAIMS)} hold on this run" in report
+
+
+def test_report_gives_p_null_at_each_figure_4_step(report):
+    assert "| step | retrieval utility | recall@5 | MLM accuracy | p(null document) |" in report
+    assert "| 200 | 0.300 | 27.0 | 30.0 | 0.61 |" in report
+
+
+def test_report_names_the_runs_whose_retriever_ran_onto_the_null_document(tmp_path):
+    ablations = copy.deepcopy(PAPER["ablations"])
+    collapse = {"realm": {"step": 150, "null_doc_prob": 0.67913}, "stale_index": {"step": 200, "null_doc_prob": 0.6}}
+    for row in ablations:
+        row["null_document_collapse"] = collapse.get(row["name"])
+    report = write(tmp_path, ablations)
+    named = "in REALM (p(null|x) 0.68 at step 150), Stale MIPS (index never refreshed) (p(null|x) 0.60 at step 200):"
+    assert f"**The retriever ran onto the null document** {named}" in report
+
+
+def test_report_says_when_no_retriever_ran_onto_the_null_document(report):
+    assert "No pre-training run's retriever ran onto it" in report
+    assert "ran onto the null document**" not in report

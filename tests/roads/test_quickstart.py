@@ -16,7 +16,7 @@ import pytest
 from transformers import pipeline
 
 import openrealm  # noqa: F401 - registers the question-answering pipeline
-from openrealm.trainers.quickstart.report import CLAIMS, table2_claims
+from openrealm.trainers.quickstart.report import ABLATIONS, CLAIMS, table2_claims
 from openrealm.trainers.quickstart.stages import PRETRAINING_STAGE
 
 pytestmark = pytest.mark.slow
@@ -118,6 +118,16 @@ def test_results_carry_table_2_rows_for_every_ablation(results):
         # Each row's exact match is its own fine-tuned model's, as in open_qa.
         run = {"realm": "realm", "no_realm_pretraining": "no-pretraining"}.get(name, name.replace("_", "-"))
         assert row["exact_match"] == results["open_qa"][run]["exact_match"]
+
+
+def test_each_row_says_whether_its_retriever_ran_onto_the_null_document(run, results):
+    rows = {row["name"]: row for row in results["ablations"]}
+    for ablation in ABLATIONS:
+        if ablation.pretraining is None:
+            assert rows[ablation.name]["null_document_collapse"] is None
+        else:
+            summary = json.loads((run / ablation.pretraining / "pretraining.json").read_text())
+            assert rows[ablation.name]["null_document_collapse"] == summary["null_document_collapse"]
 
 
 def test_retrieval_utility_rises_over_pretraining(results):

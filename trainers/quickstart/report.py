@@ -187,7 +187,8 @@ def write_report(
     """OUTPUT/report.md: what ran, the Figure 4 curve, Table 2's ablations beside the paper's, the paper's orderings
     checked on this run, the world's structure numbers, the open-QA comparison and a few answers. timings: stage name
     -> seconds; history: the REALM run's evaluations; runs: open-QA results by run name; demo: the pipeline's answers;
-    ablations: Table 2's rows (in ABLATIONS' order); world: results.json's "world" (zero-shot recall@5 of the ICT
+    ablations: Table 2's rows (in ABLATIONS' order; a row's "null_document_collapse", when set, is named as a retriever
+    that ran onto the null document); world: results.json's "world" (zero-shot recall@5 of the ICT
     start, BM25 and the perfect-reader bound); claims: results.json's "claims" (table2_claims); reader: results.json's
     "reader" ({"start", "end"}: trainers/world/reading_tasks.py's `reading_probe` of the warmed-up and the pre-trained
     encoder)."""
@@ -197,7 +198,7 @@ def write_report(
     ict_recall = scores["no_realm_pretraining"]["zero_shot_recall_at_5"]
     figure4_rows = [
         f"| {e['step']} | {e['eval_retrieval_utility']:.3f} | {100 * e['eval_recall@5']:.1f} "
-        f"| {100 * e['eval_mlm_accuracy']:.1f} |"
+        f"| {100 * e['eval_mlm_accuracy']:.1f} | {e['eval_null_doc_prob']:.2f} |"
         for e in history
     ]
     table2_rows = [
@@ -205,6 +206,19 @@ def write_report(
         f"| {ablation.paper[0]:.1f} | {ablation.paper[1]:.1f} |"
         for ablation, row in zip(ABLATIONS, ablations, strict=True)
     ]
+    collapsed = [
+        f"{ablation.row} (p(null|x) {row['null_document_collapse']['null_doc_prob']:.2f} at step "
+        f"{row['null_document_collapse']['step']})"
+        for ablation in ABLATIONS
+        if (row := scores[ablation.name]).get("null_document_collapse")
+    ]
+    null_document = "No pre-training run's retriever ran onto it (no training log reached train pretrain's warning)."
+    if collapsed:
+        null_document = (
+            f"**The retriever ran onto the null document** in {', '.join(collapsed)}: past that point it learns "
+            "little from the reader, so those rows say less about REALM's signal (docs/pretraining.md, \"A retriever "
+            'that runs onto the null document").'
+        )
     claim_rows = []
     for claim in CLAIMS:
         checked, digits = claims[claim.name], claim.digits
@@ -240,6 +254,7 @@ def write_report(
         recall_first=f"{100 * first['eval_recall@5']:.1f}",
         recall_last=f"{100 * last['eval_recall@5']:.1f}",
         num_queries=last["eval_num_queries"],
+        null_document=null_document,
         table2_rows="\n".join(table2_rows),
         claim_rows="\n".join(claim_rows),
         claims_held=sum(claim["holds"] for claim in claims.values()),

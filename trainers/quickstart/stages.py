@@ -556,6 +556,10 @@ def quickstart(output: str | os.PathLike, preset: str = "default", seed: int = 0
             "name": ablation.name,
             "zero_shot_recall_at_5": zero_shot[ablation.name],
             "exact_match": runs[ablation.run]["exact_match"],
+            # the first log at which its retriever ran onto the null document (train pretrain's NullDocumentWatch)
+            "null_document_collapse": None
+            if ablation.pretraining is None
+            else json.loads(pretrained[ablation.pretraining]["summary"].read_text("utf-8"))["null_document_collapse"],
         }
         for ablation in ABLATIONS
     ]
