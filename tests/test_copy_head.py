@@ -58,6 +58,24 @@ def test_the_copy_head_is_off_by_default_and_the_mlm_head_alone_predicts():
         assert torch.allclose(masked_log_prob(model), expected, atol=1e-6)
 
 
+def test_the_pointer_attends_by_the_dot_products_of_projected_queries_and_keys():
+    model = encoder()
+    with torch.no_grad():
+        model.copy_head.key.bias.normal_()  # cancels in the softmax over the document: a nonzero one must not matter
+        ids, types, mask = batch()
+        hidden = model.realm(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        at = hidden[torch.arange(3), torch.tensor(MASKED)]  # [3, D]
+        head = model.copy_head
+        scores = (head.query(at)[:, None, :] * head.key(hidden)).sum(-1) / hidden.shape[-1] ** 0.5  # [3, L]
+        document = document_mask(types, mask)
+        attention = scores.masked_fill(~document, float("-inf")).softmax(-1).nan_to_num()  # the null row: all 0
+        copy = torch.zeros(3, model.config.vocab_size).scatter_add(1, ids, attention)
+        gate = torch.sigmoid(head.gate(at))
+        expected = gate * copy + (1 - gate) * model.cls(at).float().softmax(-1)
+        log_prob = masked_log_prob(model)
+    assert torch.allclose(log_prob[:2].exp(), expected[:2], atol=1e-6)  # row 2 (null): test_the_null_document_...
+
+
 def test_copy_head_log_probs_sum_to_one():
     with torch.no_grad():
         log_prob = masked_log_prob(encoder())

@@ -36,6 +36,7 @@ from openrealm.trainers.world.reading_tasks import (
 from openrealm.trainers.world.reading_warmup import (
     MIXTURE_KINDS,
     Curriculum,
+    batch_log_prob,
     query_pools,
     training_batch,
     training_example,
@@ -320,6 +321,17 @@ def test_null_twins_leave_the_batch_drawn_as_without_them(tasks):
     assert [twin[0][: len(twin[0]) - 1] for twin in twins] == [
         twinned[row][0][: len(twin[0]) - 1] for row, twin in zip(rows, twins)
     ]
+
+
+def test_twins_run_apart_get_the_log_probs_they_get_padded_beside_the_examples(tasks):
+    encoder = load_encoder("random", tasks.tokenizer, parse_config_overrides(ENCODER), seed=0).eval()
+    kinds = iter(["stating", "without", "null", "without", "mentioning"])
+    examples, twins, _, _ = training_batch(tasks, lambda: next(kinds), 5, random.Random(7), query_pools(tasks), True)
+    with torch.no_grad():
+        apart = batch_log_prob(encoder, examples, twins)
+        padded = masked_vocab_log_prob(encoder, collate(examples + twins))
+    assert len(twins) == 2 and apart.shape == padded.shape
+    assert torch.allclose(apart, padded, atol=1e-5)
 
 
 def test_warm_up_loss_without_twins_is_the_masked_lm_loss(tasks):

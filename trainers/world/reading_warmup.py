@@ -153,6 +153,14 @@ def training_batch(
     return examples, twins, rows, fits
 
 
+def batch_log_prob(encoder, examples: list, twins: list, pad_token_id: int = 0) -> torch.Tensor:
+    """`masked_vocab_log_prob` [N, V] of `collate(examples + twins)` (row-major: the examples' masked wordpieces, then
+    the twins'), the twins run as a batch of their own: a query over the null document is short, and padded beside the
+    examples it would cost a whole block's length (the values are the same; padding is masked out)."""
+    parts = [collate(part, pad_token_id) for part in (examples, twins) if part]
+    return torch.cat([masked_vocab_log_prob(encoder, batch) for batch in parts])
+
+
 def warm_up_loss(
     log_prob: torch.Tensor,
     labels: torch.Tensor,
@@ -258,9 +266,9 @@ def warm_up_reader(
         examples, twins, rows, fits = training_batch(
             tasks, partial(curriculum.kind, step, steps, rng), batch_size, rng, pools, null_match_weight > 0
         )
-        batch = collate(examples + twins, tasks.tokenizer.pad_token_id)
-        log_prob = masked_vocab_log_prob(encoder, batch)
-        loss = warm_up_loss(log_prob, batch["labels"], rows, null_match_weight, fits, hedge_weight)
+        log_prob = batch_log_prob(encoder, examples, twins, tasks.tokenizer.pad_token_id)
+        labels = collate(examples + twins, tasks.tokenizer.pad_token_id)["labels"]
+        loss = warm_up_loss(log_prob, labels, rows, null_match_weight, fits, hedge_weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
         optimizer.step()
@@ -315,6 +323,7 @@ def warm_up_encoder(
 
 __all__ = [
     "Curriculum",
+    "batch_log_prob",
     "HEDGE_KINDS",
     "MIXTURE_KINDS",
     "query_pools",
