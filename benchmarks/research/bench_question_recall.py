@@ -2,7 +2,7 @@
 REALM retriever can end under its ICT start on the test questions while Figure 4 rises
 (benchmarks/research/reader_that_reads.md, "Why seed 2 ends under its ICT start: the null document").
 
-    python benchmarks/research/bench_question_recall.py OUT SEED [--copy-head] [--reuse QUICKSTART]
+    python benchmarks/research/bench_question_recall.py OUT SEED [--copy-head] [--reuse QUICKSTART] [-- FLAGS]
 
 Runs the quickstart's first stages into OUT (world, corpus, ICT, reading warm-up; or copies them from --reuse, a
 quickstart folder of the same seed), then REALM pre-training as the quickstart runs it (`Stages.pretrain`, one
@@ -11,6 +11,7 @@ each saved embedder, zero-shot recall@5 (`evaluate_openqa`, as the quickstart's 
 - the test questions (Table 2's number) and every question of the world (train + dev + test: about 4x as many);
 - each question's entity name alone as the query, with the same answers: whether the retriever still finds an
   entity's blocks by its name, apart from the question's other words.
+FLAGS after `--`: more `train pretrain` flags, after the quickstart's (e.g. `-- --embedder-learning-rate 1e-4`).
 --copy-head: the encoder with the pointer head warmed up with the null-match loss 0.1 (not a preset). Writes
 OUT/question_recall.json ({"figure4": [...], "recalls": {step: {...}}}) and prints both curves.
 """
@@ -83,7 +84,11 @@ def main() -> None:
     parser.add_argument("seed", type=int)
     parser.add_argument("--copy-head", action="store_true", help="the pointer head with the null-match loss 0.1")
     parser.add_argument("--reuse", type=Path, help="a quickstart folder of the same seed whose first stages to copy")
-    args = parser.parse_args()
+    args, pretrain_flags = parser.parse_known_args()  # after --: more `train pretrain` flags
+    if pretrain_flags[:1] == ["--"]:
+        pretrain_flags = pretrain_flags[1:]
+    elif pretrain_flags:
+        parser.error(f"unrecognized arguments: {' '.join(pretrain_flags)} (pass `train pretrain` flags after --)")
     preset = quickstart_stages.DEFAULT
     if args.copy_head:
         preset = replace(preset, model=quickstart_stages.MODEL + ",copy_head=true")
@@ -102,7 +107,8 @@ def main() -> None:
         embedder = stages.run("ICT", stages.ict, corpus)
         encoder = stages.run("reading warm-up", stages.reading_warmup, corpus)
     saver = SaveEmbedder(stages.path("checkpoints"), AutoTokenizer.from_pretrained(corpus), preset.eval_every)
-    run = stages.run("REALM pre-training", stages.pretrain, corpus, embedder, encoder, callbacks=[saver])
+    options = {"extra_argv": pretrain_flags, "callbacks": [saver]}
+    run = stages.run("REALM pre-training", stages.pretrain, corpus, embedder, encoder, **options)
     history = run["history"]
     table = stages.run("recall of the saved embedders", recalls, stages, encoder)
     (args.output / "question_recall.json").write_text(json.dumps({"figure4": history, "recalls": table}, indent=1))
