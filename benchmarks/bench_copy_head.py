@@ -12,8 +12,8 @@ wordpieces' log p (`masked_vocab_log_prob` / `masked_log_prob`, the path the sta
   examples; the masked positions those of each query's first row).
 Each with the MLM head alone, the copy head as it is (the query projected back through the key weights: keys never
 computed) and the copy head's earlier formula (keys projected at every document wordpiece of every masked wordpiece's
-row, patched in for the measurement). Reported: seconds per step (median of --repeats passes over 20 batches, the cells
-interleaved pass by pass) and ratios against the MLM head alone.
+row: `RealmCopyHead.scores` patched for the measurement). Reported: seconds per step (median of --repeats passes over
+20 batches, the cells interleaved pass by pass) and ratios against the MLM head alone.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import random
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -42,23 +41,13 @@ from openrealm.trainers.world.reading_tasks import ReadingTasks, collate, masked
 from openrealm.trainers.world.reading_warmup import Curriculum, query_pools, training_batch
 from openrealm.trainers.world.synthetic_world import World
 
-CURRENT = RealmCopyHead.forward
+CURRENT = RealmCopyHead.scores
 
 
-def projected_keys(self, hidden_at, vocab_log_prob, hidden, input_ids, document_mask):
-    """The copy head's earlier formula: keys k(h_j) projected at every document wordpiece, q(h) . k(h_j)."""
+def projected_keys(self, hidden_at, hidden):
+    """The copy head's earlier scores: keys k(h_j) projected at every wordpiece of every row, q(h) . k(h_j)."""
     scores = torch.einsum("...md,...ld->...ml", self.query(hidden_at), self.key(hidden)).float()
-    scores = scores / hidden.shape[-1] ** 0.5
-    document = document_mask.bool()[..., None, :].expand_as(scores)
-    attention = scores.masked_fill(~document, torch.finfo(scores.dtype).min).softmax(-1)
-    index = input_ids[..., None, :].expand_as(scores)
-    copy = torch.zeros_like(vocab_log_prob).scatter_add(-1, index, attention * document)
-    gate = self.gate(hidden_at).float()
-    mixed = torch.logaddexp(
-        torch.nn.functional.logsigmoid(gate) + copy.clamp_min(1e-30).log(),
-        torch.nn.functional.logsigmoid(-gate) + vocab_log_prob,
-    )
-    return torch.where(document_mask.bool().any(-1)[..., None, None], mixed, vocab_log_prob)
+    return scores / hidden.shape[-1] ** 0.5
 
 
 def cpu_name() -> str:
@@ -82,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as scratch:
-        stages = Stages(Path(scratch), replace(DEFAULT), seed=0, progress=False)
+        stages = Stages(Path(scratch), DEFAULT, seed=0, progress=False)
         corpus = stages.corpus(stages.world())
         tokenizer = AutoTokenizer.from_pretrained(corpus)
         tasks = ReadingTasks(World.read(stages.path("world")), load_corpus(corpus), tokenizer)
@@ -140,22 +129,22 @@ def main() -> None:
         times = {(head, column): [] for head in heads for column in columns}
         for _ in range(args.repeats):  # interleaved, so that a slower spell of the machine touches every cell alike
             for (head, column), found in times.items():
-                model, forward = heads[head]
-                RealmCopyHead.forward = forward
+                model, scores = heads[head]
+                RealmCopyHead.scores = scores
                 step, batches = columns[column]
                 found.append(seconds_per_step(step(model), batches))
         results = {head: {column: statistics.median(times[head, column]) for column in columns} for head in heads}
-        RealmCopyHead.forward = CURRENT
+        RealmCopyHead.scores = CURRENT
     print(
         f"machine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, transformers "
         f"{transformers.__version__}, threads {args.threads}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
-    columns = list(next(iter(results.values())))
-    print("| head | " + " | ".join(columns) + " |")
-    print("|---" * (len(columns) + 1) + "|")
+    names = list(next(iter(results.values())))
+    print("| head | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
     base = results["MLM head alone"]
     for head, row in results.items():
-        cells = [f"{1000 * row[c]:.1f} ms ({row[c] / base[c]:.2f}x)" for c in columns]
+        cells = [f"{1000 * row[c]:.1f} ms ({row[c] / base[c]:.2f}x)" for c in names]
         print(f"| {head} | " + " | ".join(cells) + " |")
 
 

@@ -166,6 +166,14 @@ class RealmCopyHead(nn.Module):
         self.key.bias.requires_grad_(False)  # q . b_k is the same for every wordpiece: no effect on the output
         self.gate = nn.Linear(config.hidden_size, 1)
 
+    def scores(self, hidden_at: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """q(h) . k(h_j) / sqrt(d) up to a term constant over j, [..., M, L] (float32), for hidden_at [..., M, D] and
+        hidden [..., L, D]. q . (W_k h_j + b_k) = (q W_k) . h_j + q . b_k: the last term is the same for every
+        wordpiece and cancels in the softmax, so no key is projected (one [M, D] x [D, D] product instead of one per
+        wordpiece of every row)."""
+        query = self.query(hidden_at) @ self.key.weight  # [..., M, D]
+        return torch.einsum("...md,...ld->...ml", query, hidden).float() / hidden.shape[-1] ** 0.5
+
     def forward(
         self,
         hidden_at: torch.Tensor,
@@ -177,10 +185,7 @@ class RealmCopyHead(nn.Module):
         """hidden_at [..., M, D] and the MLM head's vocab_log_prob [..., M, V] at M positions of sequences whose
         hidden states are hidden [..., L, D], wordpieces input_ids [..., L] and document wordpieces document_mask
         [..., L] -> log p [..., M, V] (float32)."""
-        # q . (W_k h + b_k) = (q W_k) . h + q . b_k: the last term is the same for every document wordpiece and cancels
-        # in the softmax, so the keys are never projected (one [M, D] x [D, D] product instead of one per wordpiece)
-        query = self.query(hidden_at) @ self.key.weight  # [..., M, D]
-        scores = torch.einsum("...md,...ld->...ml", query, hidden).float() / hidden.shape[-1] ** 0.5
+        scores = self.scores(hidden_at, hidden)
         document = document_mask.bool()[..., None, :].expand_as(scores)
         attention = scores.masked_fill(~document, torch.finfo(scores.dtype).min).softmax(-1)
         index = input_ids[..., None, :].expand_as(scores)

@@ -266,14 +266,12 @@ class Stages:
         extra_argv: Sequence[str] = (),
         queries: dict | None = None,
         evaluate: bool = True,
-        callbacks: Sequence = (),
     ) -> dict:
         """REALM pre-training into OUTPUT/name with the index refresh `mode` ("off": the stale-index ablation) and the
         masking `spans` ("random_span": the random-span ablation); Figure 4's points (utility, recall@k) come from a
         PretrainingEvalCallback on the same fixed queries in every run (`queries`, default fixed_masked_queries of
         the preset); evaluate=False: none (an empty history), for a run whose curve nothing reads. extra_argv: more
-        `train pretrain` flags (benchmarks/research/bench_learning.py); callbacks: more TrainerCallbacks
-        (benchmarks/research/bench_question_recall.py)."""
+        `train pretrain` flags (benchmarks/research/bench_learning.py)."""
         from transformers import AutoTokenizer
 
         from openrealm.tokenization.corpus_folder import load_corpus
@@ -294,14 +292,14 @@ class Stages:
             argv += ["--refresh-lag", str(preset.refresh_every)]
         argv += [*extra_argv, *([] if self.progress else ["--quiet"])]
         if not evaluate:
-            cli.run_in_process(["train", "pretrain"], argv, callbacks=list(callbacks))
+            cli.run_in_process(["train", "pretrain"], argv)
             return {"history": [], "summary": self.path(name) / "pretraining.json"}
         tokenizer = AutoTokenizer.from_pretrained(corpus)
         blocks = load_corpus(corpus)
         if queries is None:
             queries = fixed_masked_queries(tokenizer, blocks, num_queries=preset.eval_queries, seed=self.seed + 1)
         evaluation = PretrainingEvalCallback(queries, tokenizer, blocks, eval_steps=preset.eval_every, k=k)
-        cli.run_in_process(["train", "pretrain"], argv, callbacks=[evaluation, *callbacks])
+        cli.run_in_process(["train", "pretrain"], argv, callbacks=[evaluation])
         return {"history": evaluation.history, "summary": self.path(name) / "pretraining.json"}
 
     def retriever_bound(self, corpus: Path, embedder: Path) -> Path:
