@@ -6,8 +6,9 @@ REALM retriever can end under its ICT start on the test questions while Figure 4
 
 Runs the quickstart's first stages into OUT (world, corpus, ICT, reading warm-up; or copies them from --reuse, a
 quickstart folder of the same seed), then REALM pre-training as the quickstart runs it (`Stages.pretrain`, one
-process) with Figure 4's evaluation every `eval_every` steps (50), saving the embedder at the same steps. Then, for
-each saved embedder, zero-shot recall@5 (`evaluate_openqa`, as the quickstart's `zero_shot_recall`) of:
+process) with Figure 4's evaluation every `eval_every` steps (50) and a checkpoint at the same steps (`--save-steps`).
+Then, for the ICT embedder and each checkpoint's, zero-shot recall@5 (`evaluate_openqa`, as the quickstart's
+`zero_shot_recall`) of:
 - the test questions (Table 2's number) and every question of the world (train + dev + test: about 4x as many);
 - each question's entity name alone as the query, with the same answers: whether the retriever still finds an
   entity's blocks by its name, apart from the question's other words.
@@ -25,35 +26,14 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from transformers import AutoTokenizer, TrainerCallback
-
 from openrealm.trainers.quickstart import stages as quickstart_stages
-from openrealm.trainers.towers import save_tower
 from openrealm.trainers.world import reading_warmup
 
 REUSED = ("world", "tokenizer", "corpus", "ict", "reading-warmup")
 
 
-class SaveEmbedder(TrainerCallback):
-    """Saves the embedder to OUT/embedder-STEP before the first step and every `every` steps."""
-
-    def __init__(self, output: Path, tokenizer, every: int):
-        self.output, self.tokenizer, self.every = output, tokenizer, every
-
-    def save(self, model, step: int) -> None:
-        save_tower(getattr(model, "module", model).embedder, self.output / f"embedder-{step:04d}", self.tokenizer)
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if state.global_step == 0:
-            self.save(model, 0)
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step % self.every == 0:
-            self.save(model, state.global_step)
-
-
-def recalls(stages, encoder: Path) -> dict[int, dict[str, float]]:
-    """{step: {query set: recall@5 (%)}} for every saved embedder."""
+def recalls(stages, embedder: Path, encoder: Path) -> dict[int, dict[str, float]]:
+    """{step: {query set: recall@5 (%)}} for the starting `embedder` (step 0) and every checkpoint's."""
     from openrealm.tokenization.jsonl import read_jsonl
     from openrealm.trainers.evaluation import evaluate_openqa
     from openrealm.trainers.openqa import openqa_model_from_pretraining
@@ -68,8 +48,9 @@ def recalls(stages, encoder: Path) -> dict[int, dict[str, float]]:
         "all_entity_name": [{"question": r["entity"], "answers": r["answers"]} for r in every],
     }
     table = {}
-    for folder in sorted(stages.path("checkpoints").iterdir()):
-        step = int(folder.name.split("-")[1])
+    checkpoints = stages.path("pretrain").glob("checkpoint-*/embedder")
+    saved = [(int(path.parent.name.split("-")[1]), path) for path in checkpoints]
+    for step, folder in sorted([(0, embedder), *saved]):
         model = openqa_model_from_pretraining(folder, encoder, stages.path("corpus")).eval()
         table[step] = {
             name: evaluate_openqa(model, data, num_blocks=1, recall_ks=(5,))["recall@5"] for name, data in sets.items()
@@ -84,11 +65,11 @@ def main() -> None:
     parser.add_argument("seed", type=int)
     parser.add_argument("--copy-head", action="store_true", help="the pointer head with the null-match loss 0.1")
     parser.add_argument("--reuse", type=Path, help="a quickstart folder of the same seed whose first stages to copy")
-    args, pretrain_flags = parser.parse_known_args()  # after --: more `train pretrain` flags
-    if pretrain_flags[:1] == ["--"]:
-        pretrain_flags = pretrain_flags[1:]
-    elif pretrain_flags:
-        parser.error(f"unrecognized arguments: {' '.join(pretrain_flags)} (pass `train pretrain` flags after --)")
+    args, flags = parser.parse_known_args()  # after --: more `train pretrain` flags
+    if flags[:1] == ["--"]:
+        flags = flags[1:]
+    elif flags:
+        parser.error(f"unrecognized arguments: {' '.join(flags)} (pass `train pretrain` flags after --)")
     preset = quickstart_stages.DEFAULT
     if args.copy_head:
         preset = replace(preset, model=quickstart_stages.MODEL + ",copy_head=true")
@@ -106,11 +87,12 @@ def main() -> None:
         corpus = stages.run("corpus", stages.corpus, stages.run("world", stages.world))
         embedder = stages.run("ICT", stages.ict, corpus)
         encoder = stages.run("reading warm-up", stages.reading_warmup, corpus)
-    saver = SaveEmbedder(stages.path("checkpoints"), AutoTokenizer.from_pretrained(corpus), preset.eval_every)
-    options = {"extra_argv": pretrain_flags, "callbacks": [saver]}
-    run = stages.run("REALM pre-training", stages.pretrain, corpus, embedder, encoder, **options)
+    # `train pretrain`'s own checkpoints (they leave the run's random draws as they are), every one kept
+    every, kept = preset.eval_every, preset.pretrain_steps // preset.eval_every
+    checkpoints = ["--save-steps", str(every), "--save-total-limit", str(kept)]
+    run = stages.run("REALM pre-training", stages.pretrain, corpus, embedder, encoder, extra_argv=checkpoints + flags)
     history = run["history"]
-    table = stages.run("recall of the saved embedders", recalls, stages, encoder)
+    table = stages.run("recall of the saved embedders", recalls, stages, embedder, encoder)
     (args.output / "question_recall.json").write_text(json.dumps({"figure4": history, "recalls": table}, indent=1))
     for entry in history:
         recall, utility = 100 * entry["eval_recall@5"], entry["eval_retrieval_utility"]
