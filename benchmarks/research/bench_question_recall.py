@@ -2,7 +2,8 @@
 REALM retriever can end under its ICT start on the test questions while Figure 4 rises
 (benchmarks/research/reader_that_reads.md, "Why seed 2 ends under its ICT start: the null document").
 
-    python benchmarks/research/bench_question_recall.py OUT SEED [--copy-head] [--reuse QUICKSTART] [-- FLAGS]
+    python benchmarks/research/bench_question_recall.py OUT SEED [--copy-head] [--reuse QUICKSTART]
+        [--refresh-mode off] [-- FLAGS]
 
 Runs the quickstart's first stages into OUT (world, corpus, ICT, reading warm-up; or copies them from --reuse, a
 quickstart folder of the same seed), then REALM pre-training as the quickstart runs it (`Stages.pretrain`, one
@@ -12,6 +13,7 @@ Then, for the ICT embedder and each checkpoint's, zero-shot recall@5 (`evaluate_
 - the test questions (Table 2's number) and every question of the world (train + dev + test: about 4x as many);
 - each question's entity name alone as the query, with the same answers: whether the retriever still finds an
   entity's blocks by its name, apart from the question's other words.
+--refresh-mode off: the never-refreshed run (the quickstart's stale-index ablation) in place of REALM's.
 FLAGS after `--`: more `train pretrain` flags, after the quickstart's (e.g. `-- --embedder-learning-rate 1e-4`).
 --copy-head: the encoder with the pointer head warmed up with the null-match loss 0.1 (not a preset). Writes
 OUT/question_recall.json ({"figure4": [...], "recalls": {step: {...}}}) and prints both curves.
@@ -23,6 +25,7 @@ import argparse
 import functools
 import json
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -65,11 +68,12 @@ def main() -> None:
     parser.add_argument("seed", type=int)
     parser.add_argument("--copy-head", action="store_true", help="the pointer head with the null-match loss 0.1")
     parser.add_argument("--reuse", type=Path, help="a quickstart folder of the same seed whose first stages to copy")
-    args, flags = parser.parse_known_args()  # after --: more `train pretrain` flags
-    if flags[:1] == ["--"]:
-        flags = flags[1:]
-    elif flags:
-        parser.error(f"unrecognized arguments: {' '.join(flags)} (pass `train pretrain` flags after --)")
+    parser.add_argument(
+        "--refresh-mode", choices=("async", "off"), default="async", help="off: the never-refreshed run's retriever"
+    )
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, flags = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: more `train pretrain` flags
     preset = quickstart_stages.DEFAULT
     if args.copy_head:
         preset = replace(preset, model=quickstart_stages.MODEL + ",copy_head=true")
@@ -90,7 +94,15 @@ def main() -> None:
     # `train pretrain`'s own checkpoints (they leave the run's random draws as they are), every one kept
     every, kept = preset.eval_every, preset.pretrain_steps // preset.eval_every
     checkpoints = ["--save-steps", str(every), "--save-total-limit", str(kept)]
-    run = stages.run("REALM pre-training", stages.pretrain, corpus, embedder, encoder, extra_argv=checkpoints + flags)
+    run = stages.run(
+        "REALM pre-training",
+        stages.pretrain,
+        corpus,
+        embedder,
+        encoder,
+        mode=args.refresh_mode,
+        extra_argv=checkpoints + flags,
+    )
     history = run["history"]
     table = stages.run("recall of the saved embedders", recalls, stages, embedder, encoder)
     (args.output / "question_recall.json").write_text(json.dumps({"figure4": history, "recalls": table}, indent=1))
