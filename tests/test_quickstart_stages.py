@@ -1,13 +1,16 @@
 """How the quickstart's stages share the CPU (trainers/quickstart/stages.py, trainers/stage_utils.py): half of the
 cores for a trainer beside its index builder, every core for the stage that runs alone, and never more threads per
-process than the user's OMP_NUM_THREADS."""
+process than the user's OMP_NUM_THREADS; and what of a preset reaches the stages it sets."""
 
 import os
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
-from openrealm.trainers.quickstart.stages import share_cpu_cores
+from openrealm.trainers.quickstart import stages as quickstart_stages
+from openrealm.trainers.quickstart.stages import DEFAULT, Stages, share_cpu_cores
 from openrealm.trainers.stage_utils import all_cpu_cores
 
 
@@ -44,3 +47,32 @@ def test_all_cpu_cores_takes_every_core_up_to_its_limit_then_restores(threads):
     with all_cpu_cores(limit=3):
         assert torch.get_num_threads() == 3
     assert torch.get_num_threads() == 1
+
+
+def pretrain_argv(monkeypatch, tmp_path: Path, preset) -> list[str]:
+    """The `train pretrain` command line the quickstart's REALM stage runs for `preset` (the run itself stubbed)."""
+    calls = []
+    monkeypatch.setattr(quickstart_stages.cli, "run_in_process", lambda command, argv, **_: calls.append(argv))
+    Stages(tmp_path, preset, seed=0, progress=False).pretrain(Path("c"), Path("e"), Path("n"), evaluate=False)
+    return calls[0]
+
+
+def test_a_presets_pretrain_warmup_steps_reach_train_pretrain(monkeypatch, tmp_path):
+    argv = pretrain_argv(monkeypatch, tmp_path, replace(DEFAULT, pretrain_warmup_steps=200))
+    assert argv[argv.index("--warmup-steps") + 1] == "200"
+
+
+def test_the_default_preset_leaves_realms_warmup_to_googles_formula(monkeypatch, tmp_path):
+    assert DEFAULT.pretrain_warmup_steps is None
+    assert "--warmup-steps" not in pretrain_argv(monkeypatch, tmp_path, DEFAULT)
+
+
+def test_a_presets_null_match_weight_reaches_the_reading_warmup(monkeypatch, tmp_path):
+    from openrealm.trainers.world import reading_warmup
+
+    calls = []
+    monkeypatch.setattr(reading_warmup, "warm_up_encoder", lambda *args, **kwargs: calls.append(kwargs))
+    for weight in (0.0, 0.1):
+        preset = replace(DEFAULT, reading_warmup_null_match_weight=weight)
+        Stages(tmp_path, preset, seed=0, progress=False, max_threads=1).reading_warmup(Path("corpus"))
+    assert [call["null_match_weight"] for call in calls] == [0.0, 0.1]

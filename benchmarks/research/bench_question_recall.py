@@ -22,7 +22,6 @@ OUT/question_recall.json ({"figure4": [...], "recalls": {step: {...}}}) and prin
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import shutil
 import sys
@@ -30,7 +29,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from openrealm.trainers.quickstart import stages as quickstart_stages
-from openrealm.trainers.world import reading_warmup
 
 REUSED = ("world", "tokenizer", "corpus", "ict", "reading-warmup")
 
@@ -76,8 +74,9 @@ def main() -> None:
     args, flags = parser.parse_args(argv[:split]), argv[split + 1 :]  # after --: more `train pretrain` flags
     preset = quickstart_stages.DEFAULT
     if args.copy_head:
-        preset = replace(preset, model=quickstart_stages.MODEL + ",copy_head=true")
-        reading_warmup.warm_up_encoder = functools.partial(reading_warmup.warm_up_encoder, null_match_weight=0.1)
+        preset = replace(
+            preset, model=quickstart_stages.MODEL + ",copy_head=true", reading_warmup_null_match_weight=0.1
+        )
     args.output.mkdir(parents=True, exist_ok=True)
     stages = quickstart_stages.Stages(
         args.output, preset, args.seed, progress=False, max_threads=quickstart_stages.share_cpu_cores()

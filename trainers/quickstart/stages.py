@@ -67,6 +67,13 @@ class Preset:
     searcher_beam_size: int
     reader_beam_size: int
     eval_reader_beam_size: int
+    # The warm-up's loss paying a block without the span for predicting what the null document predicts (0: none);
+    # with `copy_head=true` in `model`, 0.1 keeps the pointer's pull on the null document low
+    # (benchmarks/research/reader_that_reads.md, "The copy head with the null-match loss through whole quickstarts")
+    reading_warmup_null_match_weight: float = 0.0
+    # REALM pre-training's linear lr warm-up; None: Google's min(10000, max(100, steps / 10)) (benchmarks/research/
+    # reader_that_reads.md, "The retriever's schedule: its peak learning rate, its warm-up, a freeze, no refresh")
+    pretrain_warmup_steps: int | None = None
 
 
 MODEL = (
@@ -245,6 +252,7 @@ class Stages:
             return warm_up_encoder(
                 self.path("world"), corpus, self.path("reading-warmup"), config_overrides=self.preset.model,
                 steps=self.preset.reading_warmup_steps, seed=self.seed,
+                null_match_weight=self.preset.reading_warmup_null_match_weight,
             )  # fmt: skip
 
     def reader(self, corpus: Path, encoders: dict[str, Path]) -> dict[str, dict]:
@@ -290,6 +298,8 @@ class Stages:
         ]  # fmt: skip
         if mode == "async":  # each index swapped in exactly refresh_every steps after its snapshot: reproducible
             argv += ["--refresh-lag", str(preset.refresh_every)]
+        if preset.pretrain_warmup_steps is not None:
+            argv += ["--warmup-steps", str(preset.pretrain_warmup_steps)]
         argv += [*extra_argv, *([] if self.progress else ["--quiet"])]
         if not evaluate:
             cli.run_in_process(["train", "pretrain"], argv)
