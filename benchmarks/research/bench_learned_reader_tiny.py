@@ -33,7 +33,13 @@ sys.path[:0] = [str(TESTS), str(TESTS / "learning"), str(Path(__file__).resolve(
 
 from bench_retriever_learns_test import BREAKS  # noqa: E402
 from helpers import TinyWorld  # noqa: E402
-from test_retriever_learns import EMBEDDER_LEARNING_RATE, learned_pretrain  # noqa: E402
+from test_retriever_learns import (  # noqa: E402
+    EMBEDDER_LEARNING_RATE,
+    LEARNED_BATCH_SIZE,
+    LEARNED_CANDIDATES,
+    LEARNED_STEPS,
+    learned_pretrain,
+)
 
 from openrealm.trainers import cli  # noqa: E402
 from openrealm.trainers.stage_utils import parse_config_overrides  # noqa: E402
@@ -101,7 +107,16 @@ def run_seed(root: Path, seed: int, args: argparse.Namespace) -> dict:
     start = start_for(world, args)
     reader, history = reader_for(world, args)
     prepared = time.perf_counter()
-    output = learned_pretrain(world, start, reader, args.embedder_learning_rate, args.refresh_mode)
+    output = learned_pretrain(
+        world,
+        start,
+        reader,
+        args.embedder_learning_rate,
+        args.refresh_mode,
+        args.steps,
+        args.batch_size,
+        args.num_candidates,
+    )
     trained = time.perf_counter()
     before, after = world.recall(start), world.recall(output / "embedder")
     return {
@@ -110,6 +125,9 @@ def run_seed(root: Path, seed: int, args: argparse.Namespace) -> dict:
         "break": args.defect,
         "embedder_learning_rate": args.embedder_learning_rate,
         "refresh_mode": args.refresh_mode,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "num_candidates": args.num_candidates,
         "copy_share": history[-1]["copy_share"] if history else None,
         "start": round(before, 4),
         "end": round(after, 4),
@@ -135,6 +153,9 @@ def main() -> None:
     parser.add_argument("--ict-steps", type=int, default=100)
     parser.add_argument("--embedder-learning-rate", type=float, default=EMBEDDER_LEARNING_RATE)
     parser.add_argument("--refresh-mode", choices=("sync", "async", "off"), default="sync")
+    parser.add_argument("--steps", type=int, default=LEARNED_STEPS, help="REALM pre-training's steps")
+    parser.add_argument("--batch-size", type=int, default=LEARNED_BATCH_SIZE, help="REALM pre-training's batch")
+    parser.add_argument("--num-candidates", type=int, default=LEARNED_CANDIDATES, help="K, the null document included")
     parser.add_argument("--break", dest="defect", choices=sorted(BREAKS), help="patch this defect in for the run")
     parser.add_argument("--keep", type=Path, default=None, help="keep each seed's runs under DIR/seed-N")
     parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")

@@ -111,12 +111,14 @@ def test_refresh_on_ends_with_a_better_held_out_recall_than_refresh_off(trained)
 
 STARTS = Path(__file__).parent / "starts"  # seed-N/{embedder,encoder}: the ICT start and the reader (its README)
 LEARNED_SEEDS = (0, 1, 2, 3)
-LEARNED_STEPS, EMBEDDER_LEARNING_RATE = 200, 3e-4
-# Measured from the stored starts (benchmarks/research/reader_that_reads.md, "The test on any CPU: stored ICT starts,
-# four seeds"): held-out recall@5 rises by +0.095, +0.205, +0.268, +0.500 on seeds 0-3 (mean +0.267), the same to the
-# query with one or two threads and other kernels; an untrained reader from the same starts averages +0.017 (no seed
-# above +0.11), and with the embeddings cut from the graph the recall ends at the start. The test averages the four.
-MIN_LEARNED_GAIN = 0.15
+# REALM's batch is 2 (the quickstart's is 16): the retriever's pace follows the updates more than the examples, and
+# at 2 the four seeds fit the test's time budget (reader_that_reads.md, "The test at its time budget: a batch of 2").
+LEARNED_STEPS, LEARNED_BATCH_SIZE, LEARNED_CANDIDATES, EMBEDDER_LEARNING_RATE = 200, 2, 8, 3e-4
+# Measured from the stored starts (same section): held-out recall@5 rises by +0.167, +0.045, +0.098, +0.348 on seeds
+# 0-3 (mean +0.164), the same to the query with one or two threads and under other kernels; an untrained reader from
+# the same starts averages +0.017 (no seed above +0.07), and with the embeddings cut from the graph the recall ends at
+# the start. The test averages the four; the margin lies midway between the untrained and the warmed-up reader.
+MIN_LEARNED_GAIN = 0.09
 MIN_COPY_SHARE = 0.8  # the stored readers copy 0.906, 0.880, 0.971 and 0.880 of the stated wordpieces
 
 
@@ -126,16 +128,21 @@ def learned_pretrain(
     reader: Path | str,
     embedder_learning_rate: float = EMBEDDER_LEARNING_RATE,
     refresh_mode: str = "sync",
+    steps: int = LEARNED_STEPS,
+    batch_size: int = LEARNED_BATCH_SIZE,
+    num_candidates: int = LEARNED_CANDIDATES,
 ) -> Path:
-    """`train pretrain` with the reader's own p(y|z,x) (oracle weight 0) as the quickstart runs it (encoder lr 3e-5),
-    the index refreshed every REFRESH_EVERY steps by `refresh_mode`; returns its output folder."""
+    """`train pretrain` with the reader's own p(y|z,x) (oracle weight 0) at the quickstart's learning rates (encoder
+    3e-5, retriever `embedder_learning_rate`) for `steps` of `batch_size` with `num_candidates` candidates, the index
+    refreshed every REFRESH_EVERY steps by `refresh_mode`; returns its output folder."""
     output = world.root / "realm"
     argv = [
         "train", "pretrain", "--corpus", str(world.corpus), "--embedder", str(start), "--encoder", str(reader),
-        "--output", str(output), "--max-steps", str(LEARNED_STEPS), "--refresh-every", str(REFRESH_EVERY),
-        "--refresh-mode", refresh_mode, "--batch-size", "16", "--num-candidates", "8", "--learning-rate", "3e-5",
+        "--output", str(output), "--max-steps", str(steps), "--refresh-every", str(REFRESH_EVERY),
+        "--refresh-mode", refresh_mode, "--batch-size", str(batch_size), "--num-candidates", str(num_candidates),
+        "--learning-rate", "3e-5",
         "--embedder-learning-rate", str(embedder_learning_rate), "--warmup-steps", "10", "--embedding-dropout", "0",
-        "--hold-out-queries", str(HELD_OUT_BLOCKS), "--seed", str(world.seed), "--logging-steps", str(LEARNED_STEPS),
+        "--hold-out-queries", str(HELD_OUT_BLOCKS), "--seed", str(world.seed), "--logging-steps", str(steps),
         "--quiet",
     ]  # fmt: skip
     assert cli.main(argv) == 0
